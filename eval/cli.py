@@ -1,0 +1,53 @@
+"""`adafuse eval CONFIG [--limit N] [--output_path DIR] [--seed S] [--batch_size B] [--data_dir D]`:
+run every run x task of an experiment config, write predictions/metrics, print the comparison table."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from eval.config import load_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="CONFIG", help="experiment config YAML (see configs/)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples of each task")
+    parser.add_argument("--output_path", default=None, metavar="DIR", help="output folder (default: the config's output_path)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: the config's, else 0)")
+    parser.add_argument("--batch_size", type=int, default=None, help="prompts per generate() call (default: the config's, else 1)")
+    parser.add_argument("--data_dir", default=None, metavar="D", help="benchmark data folder (default $ADAFUSE_DATA or ../shared/data)")
+    parser.add_argument("--tasks", default=None, help="comma-separated subset of the config's tasks")
+    parser.add_argument("--runs", default=None, help="comma-separated subset of the config's runs")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+
+
+def _subset(items: list, wanted: str | None, what: str, source: str) -> list:
+    if not wanted:
+        return items
+    names = [w.strip() for w in wanted.split(",") if w.strip()]
+    known = [i.name for i in items]
+    missing = [n for n in names if n not in known]
+    if missing:
+        from adafuse.errors import ConfigError
+
+        raise ConfigError(f"{source}: no {what} named {', '.join(missing)} (has: {', '.join(known)})")
+    return [i for i in items if i.name in names]
+
+
+def run(args: argparse.Namespace) -> int:
+    from eval.report import markdown_table, plot
+    from eval.runner import evaluate
+
+    cfg = load_config(args.config, limit=args.limit, output_path=args.output_path, seed=args.seed,
+                      batch_size=args.batch_size, data_dir=args.data_dir)
+    cfg.tasks = _subset(cfg.tasks, args.tasks, "task", args.config)
+    cfg.runs = _subset(cfg.runs, args.runs, "run", args.config)
+    try:
+        results = evaluate(cfg, progress=not args.no_progress, log=lambda s: print(s, file=sys.stderr))
+    except KeyboardInterrupt:
+        print(f"interrupted: finished examples are kept in {cfg.output_path}; rerun the same command to resume",
+              file=sys.stderr)
+        raise
+    print(markdown_table(results))
+    png = plot(results, f"{cfg.output_path}/report.png")
+    print(f"\nresults: {cfg.output_path}  plot: {png}")
+    return 0

@@ -1,0 +1,196 @@
+"""Experiment configs (`configs/*.yaml`): tasks x runs (method + members + options), decoding,
+limit, seed, batch size and output folder. Validated up front; every mistake is one `ConfigError` line.
+
+    tasks: [gsm8k, {name: nq_open, num_fewshot: 2, limit: 5, generation: {max_new_tokens: 16}}]
+    generation: {max_new_tokens: 128, temperature: 0.0}
+    limit: 5
+    runs:
+      - {name: smollm2, method: single, members: [smollm2-135m]}
+      - {name: ens, method: adafuse, members: [smollm2-135m, gemma3-270m], options: {...}}
+
+A single run may be written at top level instead of `runs:` (`method`, `members`, `options`, `name`).
+Generation settings: task file < config `generation` < task entry `generation`. Limits: config
+`limit` < task entry `limit` < `--limit`.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adafuse.errors import ConfigError
+from eval.methods import known_methods
+from eval.schema import Field, validate
+from eval.task import Task, get_task
+
+GENERATION = Field((dict,), fields={"max_new_tokens": Field((int,)), "temperature": Field((float,))})
+TASK_ENTRY = {
+    "name": Field((str,), required=True),
+    "num_fewshot": Field((int,)),
+    "limit": Field((int,)),
+    "until": Field((list,), item=Field((str,))),
+    "generation": GENERATION,
+}
+RUN = {
+    "name": Field((str,)),
+    "method": Field((str,), required=True),
+    "members": Field((list,), required=True, item=Field((str,))),
+    "options": Field((dict,)),
+}
+CONFIG_SCHEMA: dict[str, Field] = {
+    "description": Field((str,)),
+    "tasks": Field((list, str), required=True),
+    "runs": Field((list,), item=Field((dict,), fields=RUN)),
+    "name": Field((str,)),
+    "method": Field((str,)),
+    "members": Field((list,), item=Field((str,))),
+    "options": Field((dict,)),
+    "generation": GENERATION,
+    "limit": Field((int, type(None))),
+    "seed": Field((int,)),
+    "batch_size": Field((int,)),
+    "output_path": Field((str,)),
+    "data_dir": Field((str, type(None))),
+    "bootstrap": Field((int,)),
+}
+
+
+@dataclass
+class TaskSpec:
+    """One task as a config resolves it."""
+
+    name: str
+    task: Task
+    limit: int | None
+    max_new_tokens: int
+    temperature: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "num_fewshot": self.task.num_fewshot, "limit": self.limit, "until": self.task.until,
+                "generation": {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature}}
+
+
+@dataclass
+class RunSpec:
+    """One system to evaluate."""
+
+    name: str
+    method: str
+    members: list[str]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalConfig:
+    """A validated, fully resolved experiment config."""
+
+    source: str
+    tasks: list[TaskSpec]
+    runs: list[RunSpec]
+    output_path: str
+    data_dir: str | None = None
+    seed: int = 0
+    batch_size: int = 1
+    bootstrap: int = 1000
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config (what `config.yaml` in the output folder records)."""
+        return {"source": self.source, "description": self.description, "output_path": self.output_path,
+                "data_dir": self.data_dir, "seed": self.seed, "batch_size": self.batch_size, "bootstrap": self.bootstrap,
+                "tasks": [t.to_dict() for t in self.tasks], "runs": [asdict(r) for r in self.runs]}
+
+
+def _positive(value: Any, key: str, source: str, minimum: int = 1) -> None:
+    if value is not None and value < minimum:
+        raise ConfigError(f"{source}: key '{key}' must be >= {minimum}, got {value}")
+
+
+def _check_method(method: str, where: str, source: str) -> None:
+    known = known_methods()
+    if method not in known:
+        close = difflib.get_close_matches(method, known, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
+        raise ConfigError(f"{source}: {where}method: unknown method '{method}'{hint}")
+
+
+def parse_config(data: Any, source: str = "<config>", *, limit: int | None = None, output_path: str | None = None,
+                 seed: int | None = None, batch_size: int | None = None, data_dir: str | None = None) -> EvalConfig:
+    """Validate a config mapping and resolve it; keyword arguments are command-line overrides."""
+    validate(data, CONFIG_SCHEMA, source)
+    if "runs" in data and any(k in data for k in ("method", "members", "options", "name")):
+        raise ConfigError(f"{source}: give either 'runs:' or a top-level 'method'/'members', not both")
+    if "runs" not in data and "method" not in data:
+        raise ConfigError(f"{source}: missing required key 'runs' (or a top-level 'method' and 'members')")
+    raw_runs = data.get("runs") or [{k: data[k] for k in ("name", "method", "members", "options") if k in data}]
+    if not raw_runs:
+        raise ConfigError(f"{source}: 'runs' is empty")
+    runs: list[RunSpec] = []
+    for i, r in enumerate(raw_runs):
+        where = f"runs[{i}]." if "runs" in data else ""
+        if "members" not in r:
+            raise ConfigError(f"{source}: missing required key '{where}members'")
+        _check_method(r["method"], where, source)
+        if not r["members"]:
+            raise ConfigError(f"{source}: key '{where}members' is empty")
+        name = r.get("name") or (r["members"][0] if r["method"] == "single" else r["method"])
+        if any(ch in name for ch in "/\\") or name in (".", ".."):
+            raise ConfigError(f"{source}: key '{where}name' must not contain '/' ({name!r})")
+        runs.append(RunSpec(name=name, method=r["method"], members=list(r["members"]), options=dict(r.get("options") or {})))
+    names = [r.name for r in runs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{source}: run name(s) {', '.join(dupes)} used twice; give each run a distinct 'name'")
+
+    raw_tasks = data["tasks"] if isinstance(data["tasks"], list) else [data["tasks"]]
+    if not raw_tasks:
+        raise ConfigError(f"{source}: 'tasks' is empty")
+    base_gen = data.get("generation") or {}
+    tasks: list[TaskSpec] = []
+    for i, entry in enumerate(raw_tasks):
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        elif not isinstance(entry, dict):
+            raise ConfigError(f"{source}: key 'tasks[{i}]' must be a task name or a mapping, got {type(entry).__name__}")
+        validate(entry, TASK_ENTRY, source, f"tasks[{i}].")
+        _positive(entry.get("num_fewshot"), f"tasks[{i}].num_fewshot", source, 0)
+        _positive(entry.get("limit"), f"tasks[{i}].limit", source)
+        try:
+            task = get_task(entry["name"], num_fewshot=entry.get("num_fewshot"), until=entry.get("until"))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: tasks[{i}]: {exc}") from None
+        gen = {**task.generation_kwargs, **base_gen, **(entry.get("generation") or {})}
+        _positive(gen.get("max_new_tokens"), f"tasks[{i}].generation.max_new_tokens", source)
+        task_limit = limit if limit is not None else entry.get("limit", data.get("limit"))
+        tasks.append(TaskSpec(name=task.name, task=task, limit=task_limit, max_new_tokens=int(gen.get("max_new_tokens", 128)),
+                              temperature=float(gen.get("temperature", 0.0))))
+    if len({t.name for t in tasks}) != len(tasks):
+        raise ConfigError(f"{source}: a task is listed twice in 'tasks'")
+
+    cfg = EvalConfig(
+        source=source, tasks=tasks, runs=runs, description=data.get("description", ""),
+        output_path=output_path or data.get("output_path") or str(Path("results") / Path(source).stem),
+        data_dir=data_dir or data.get("data_dir"),
+        seed=seed if seed is not None else data.get("seed", 0),
+        batch_size=batch_size if batch_size is not None else data.get("batch_size", 1),
+        bootstrap=data.get("bootstrap", 1000),
+    )
+    _positive(cfg.batch_size, "batch_size", source)
+    _positive(limit, "--limit", source)
+    _positive(data.get("limit"), "limit", source)
+    return cfg
+
+
+def load_config(path: str | Path, **overrides: Any) -> EvalConfig:
+    """Read, validate and resolve a config file (see `parse_config` for the overrides)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML ({' '.join(str(exc).split())[:200]})") from None
+    return parse_config(data, str(path), **overrides)

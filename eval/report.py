@@ -1,0 +1,114 @@
+"""`adafuse report DIR [DIR...]`: gather every `metrics.json` under the folders, print a markdown
+table comparing runs per task, and write a score-vs-cost plot (PNG)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from adafuse.errors import ConfigError
+
+COST_AXES = {"forward_passes": "forward passes / example", "wall_s": "wall s / example",
+             "tokens_processed": "tokens processed / example"}
+
+
+def collect(dirs: list[str | Path]) -> list[dict[str, Any]]:
+    """All metrics.json files under `dirs` (recursively), in folder order."""
+    rows = []
+    for d in dirs:
+        d = Path(d)
+        if not d.exists():
+            raise ConfigError(f"no such folder: {d}")
+        paths = [d] if d.is_file() else sorted(d.rglob("metrics.json"))
+        for path in paths:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            data["_path"] = str(path)
+            rows.append(data)
+    if not rows:
+        raise ConfigError(f"no metrics.json found under {', '.join(map(str, dirs))}; run `adafuse eval CONFIG` first")
+    return rows
+
+
+def _num(x: Any, fmt: str) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, fmt)
+
+
+def _score(row: dict[str, Any]) -> str:
+    scale = 100.0 if row["primary_metric"] in ("exact_match", "exact_match_number", "f1") else 1.0
+    lo, hi = row.get("ci95") or [None, None]
+    if row["score"] is None or lo is None or math.isnan(row["score"]):
+        return "-"
+    half = (hi - lo) / 2 * scale
+    return f"{row['score'] * scale:.1f} ± {half:.1f}"
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """One markdown table: a line per (task, run); scores in % for accuracy-type metrics, ± half the 95% CI."""
+    header = ["task", "run", "method", "members", "n", "metric", "score ± CI95", "s/ex", "fwd/ex", "tok/s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---"] + ["--:"] + ["---"] + ["--:"] * 4) + "|"]
+    for r in sorted(rows, key=lambda r: r["task"]):
+        lines.append("| " + " | ".join([
+            r["task"], r["run"], r["method"], ", ".join(r["members"]), str(r["n"]), r["primary_metric"], _score(r),
+            _num(r.get("wall_s_per_example"), ".2f"), _num(r.get("forward_passes_per_example"), ".1f"),
+            _num(r.get("tokens_per_s"), ".1f"),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: str | Path, cost: str = "wall_s") -> Path:
+    """Score vs cost per example, one panel per task, one labelled point (with CI bar) per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = {"forward_passes": "forward_passes_per_example", "wall_s": "wall_s_per_example",
+           "tokens_processed": "tokens_processed_per_example"}[cost]
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for r in (r for r in rows if r["task"] == task):
+            x, y = r.get(key), r.get("score")
+            if x is None or y is None or math.isnan(y):
+                continue
+            lo, hi = r.get("ci95") or [y, y]
+            ax.errorbar([x], [y], yerr=[[max(y - lo, 0)], [max(hi - y, 0)]], fmt="o", capsize=3)
+            ax.annotate(r["run"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_title(task)
+        ax.set_xlabel(COST_AXES[cost])
+        ax.set_ylabel(next((r["primary_metric"] for r in rows if r["task"] == task), "score"))
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: str = "wall_s") -> tuple[str, Path]:
+    """Markdown table text and the written plot path (default `<first dir>/report.png`)."""
+    rows = collect(dirs)
+    first = Path(dirs[0])
+    out = Path(plot_path) if plot_path else (first.parent if first.is_file() else first) / "report.png"
+    return markdown_table(rows), plot(rows, out, cost)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="output folders of `adafuse eval` (searched for metrics.json)")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="where to write the score-vs-cost plot (default DIR/report.png)")
+    parser.add_argument("--cost", default="wall_s", choices=sorted(COST_AXES), help="x axis of the plot (default wall_s)")
+    parser.add_argument("--markdown", default=None, metavar="FILE", help="also write the table to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    table, png = report(args.dirs, args.plot, args.cost)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n", encoding="utf-8")
+    print(f"\nplot: {png}")
+    return 0
