@@ -1,0 +1,529 @@
+"""The member runtime both subsystems drive: a causal LM + tokenizer + a KV cache for a batch of rows.
+
+`Member` holds the model and tokenizer. `member.start(prompt_ids)` prefills a `KVState`, which then
+supports:
+
+- `append(tokens)`            commit tokens to each row (one forward), returns their logits;
+- `next_probs(...)`           next-token distribution after warping (temperature / top-k / top-p);
+- `forward_tree(tokens, parents)` + `accept(paths)`  score a token tree in one forward (tree mask,
+                               per-node positions) and keep only the accepted path;
+- `score(continuations)`      log-probs of several continuations per row in one forward, no commit;
+- `rollback(lengths)`         shorten rows.
+
+Rows may have different lengths. The cache is a slot array shared by all rows; `slot_pos[b, j]` is
+the position id of slot j in row b, or -1 when the slot is free (padding, rejected tree nodes,
+rolled-back tokens). Every forward builds its own 4-D mask from `slot_pos`, so holes cost a little
+attention but never change results. Sliding-window layers (Gemma 3) get their own mask.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from adafuse.outputs import Cost, GenerationOutput
+from adafuse.sampling import logits_to_probs, sample
+
+_END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
+
+
+@dataclass
+class Counters:
+    """Running totals of model work for one member."""
+
+    forward_passes: int = 0
+    tokens_processed: int = 0
+
+    def snapshot(self) -> tuple[int, int]:
+        return self.forward_passes, self.tokens_processed
+
+
+class Member:
+    """A causal LM + its tokenizer. Accepts any `AutoModelForCausalLM` and tokenizer."""
+
+    def __init__(self, model, tokenizer, name: str | None = None, use_chat_template: bool | None = None,
+                 system_prompt: str | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        self.system_prompt = system_prompt
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.use_chat_template = has_template if use_chat_template is None else (use_chat_template and has_template)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.layer_types = list(getattr(cfg, "layer_types", None) or [])
+        self.sliding_window = getattr(cfg, "sliding_window", None)
+        self.has_sliding = "sliding_attention" in self.layer_types and bool(self.sliding_window)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.eos_token_ids = self._find_eos_ids()
+        self.counters = Counters()
+
+    # ---- properties ------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def __repr__(self) -> str:
+        return f"Member({self.name!r}, vocab={self.vocab_size}, dtype={self.dtype}, chat={self.use_chat_template})"
+
+    def _find_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        for value in (gen_eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        if self.use_chat_template:
+            vocab = self.tokenizer.get_vocab()
+            ids.update(vocab[t] for t in _END_OF_TURN_TOKENS if t in vocab)
+        return ids
+
+    # ---- text <-> ids ----------------------------------------------------------------------
+    def format_prompt(self, text: str, chat: bool | None = None) -> str:
+        """The prompt as this member sees it: its chat template around `text` (when it has one and
+        `chat` is not False), else `text` unchanged."""
+        use_chat = self.use_chat_template if chat is None else (chat and self.use_chat_template)
+        if not use_chat:
+            return text
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        messages.append({"role": "user", "content": text})
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def encode_prompt(self, text: str, chat: bool | None = None) -> list[int]:
+        """Format (chat template or raw) and encode, with BOS exactly once when the tokenizer uses one."""
+        formatted = self.format_prompt(text, chat)
+        bos = self.tokenizer.bos_token
+        ids = self.encode(formatted, add_special_tokens=not (bos and formatted.startswith(bos)))
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # ---- state -----------------------------------------------------------------------------
+    def start(self, prompts_ids: Sequence[Sequence[int]]) -> "KVState":
+        """Prefill a KV state for a batch of prompts (one forward)."""
+        state = KVState(self, batch_size=len(prompts_ids))
+        state.append(prompts_ids, return_logits=False)
+        return state
+
+    def cost_since(self, snapshot: tuple[int, int], wall_time_s: float = 0.0) -> Cost:
+        cost = Cost(wall_time_s=wall_time_s)
+        cost.add(self.name, self.counters.forward_passes - snapshot[0], self.counters.tokens_processed - snapshot[1])
+        return cost
+
+    # ---- plain decoding --------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        chat: bool | None = None,
+    ) -> list[GenerationOutput]:
+        """Plain batched decoding with this member's KV cache. Row i samples from its own generator
+        seeded `seed + i`, so a batched call equals per-row calls. Text excludes the stop string."""
+        t0 = time.perf_counter()
+        snap = self.counters.snapshot()
+        stop = [s for s in (stop or []) if s]
+        prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
+        gens = make_generators(len(prompts), seed, self.device)
+        state = self.start(prompt_ids)
+        new_ids: list[list[int]] = [[] for _ in prompts]
+        texts = ["" for _ in prompts]
+        finish = [None] * len(prompts)
+        while any(f is None for f in finish):
+            probs = state.next_probs(temperature, top_k, top_p)
+            tokens = probs.argmax(-1) if temperature == 0 else sample(probs, gens)
+            feed: list[list[int]] = []
+            for b, tok in enumerate(tokens.tolist()):
+                if finish[b] is not None:
+                    feed.append([])
+                    continue
+                new_ids[b].append(tok)
+                finish[b], texts[b] = check_finished(self, new_ids[b], stop, max_new_tokens)
+                feed.append([] if finish[b] is not None else [tok])
+            if any(feed):
+                state.append(feed, return_logits=False)
+        wall = time.perf_counter() - t0
+        outs = []
+        for b in range(len(prompts)):
+            cost = self.cost_since(snap, wall) if b == 0 else Cost(wall_time_s=0.0)
+            outs.append(GenerationOutput(texts[b], len(new_ids[b]), finish[b], cost))
+        # the batch shares one cost; split it evenly so per-example figures add up
+        return split_batch_cost(outs)
+
+
+def make_generators(n: int, seed: int | None, device) -> list[torch.Generator] | None:
+    if seed is None:
+        return None
+    gens = []
+    for i in range(n):
+        g = torch.Generator(device=device)
+        g.manual_seed(int(seed) + i)
+        gens.append(g)
+    return gens
+
+
+def check_finished(member: Member, new_ids: list[int], stop: Sequence[str], max_new_tokens: int) -> tuple[str | None, str]:
+    """(finish reason or None, text so far). EOS and stop strings are excluded from the text."""
+    if new_ids and new_ids[-1] in member.eos_token_ids:
+        return "eos", member.decode(new_ids[:-1])
+    text = member.decode(new_ids)
+    for s in stop:
+        cut = text.find(s)
+        if cut >= 0:
+            return "stop", text[:cut]
+    if len(new_ids) >= max_new_tokens:
+        return "length", text
+    return None, text
+
+
+def split_batch_cost(outs: list[GenerationOutput]) -> list[GenerationOutput]:
+    """Spread the cost recorded on outs[0] (a whole batch's) evenly over the rows."""
+    total = outs[0].cost
+    n = len(outs)
+    for o in outs:
+        c = Cost(wall_time_s=total.wall_time_s / n)
+        for name in total.forward_passes:
+            c.forward_passes[name] = total.forward_passes[name] / n
+            c.tokens_processed[name] = total.tokens_processed[name] / n
+        o.cost = c
+    return outs
+
+
+class KVState:
+    """Token ids + KV cache of a batch of rows of one member. See the module docstring."""
+
+    def __init__(self, member: Member, batch_size: int):
+        from transformers import DynamicCache
+
+        self.member = member
+        self.batch_size = batch_size
+        self.cache = DynamicCache()
+        self.ids: list[list[int]] = [[] for _ in range(batch_size)]
+        self.slots: list[list[int]] = [[] for _ in range(batch_size)]  # slot of each committed token
+        self.slot_pos = torch.empty(batch_size, 0, dtype=torch.long, device=member.device)
+        self.last_logits: torch.Tensor | None = None  # [B, V] float32, after each row's last token
+        self._tree: tuple[list[list[int]], torch.Tensor, int] | None = None
+        self._stale: set[int] = set()  # rows whose last_logits predate a rollback
+
+    def __repr__(self) -> str:
+        return f"KVState(member={self.member.name!r}, rows={self.batch_size}, lengths={self.lengths}, slots={self.num_slots})"
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(r) for r in self.ids]
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.slot_pos.shape[1])
+
+    # ---- the one forward -------------------------------------------------------------------
+    def _forward(
+        self,
+        tokens: list[list[int]],   # per row, N_b new tokens
+        parents: list[list[int]],  # per row, parent index within the row's new tokens; -1 = last committed
+        keep: str,                 # "all" | "last" | "none": which logits to compute
+    ) -> tuple[torch.Tensor | None, list[int]]:
+        """Feed new tokens as a forest hanging off each row's committed sequence. Returns
+        (logits [B, N, V] float32 or [B, V] for keep="last", and the first new slot index)."""
+        device = self.member.device
+        B = self.batch_size
+        n_new = max((len(t) for t in tokens), default=0)
+        if n_new == 0:
+            return None, self.num_slots
+        tok = torch.zeros(B, n_new, dtype=torch.long)
+        valid = torch.zeros(B, n_new, dtype=torch.bool)
+        par = torch.full((B, n_new), -1, dtype=torch.long)
+        for b, (t, p) in enumerate(zip(tokens, parents)):
+            if len(t) != len(p):
+                raise ValueError("tokens and parents must have the same length per row")
+            if t:
+                tok[b, : len(t)] = torch.tensor(t, dtype=torch.long)
+                par[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+                valid[b, : len(t)] = True
+        # ancestor-or-self relation and depth inside the new block
+        anc = torch.zeros(B, n_new, n_new, dtype=torch.bool)
+        depth = torch.zeros(B, n_new, dtype=torch.long)
+        eye = torch.eye(n_new, dtype=torch.bool)
+        rows = torch.arange(B)
+        for i in range(n_new):
+            p = par[:, i]
+            if bool((p >= i).any()):
+                raise ValueError("a node's parent must come before it (parents[i] < i)")
+            has_parent = p >= 0
+            pc = p.clamp(min=0)
+            anc[:, i] = eye[i] | (anc[rows, pc] & has_parent[:, None])
+            depth[:, i] = torch.where(has_parent, depth[rows, pc] + 1, torch.zeros_like(pc))
+        anc &= valid[:, None, :]
+        anc |= eye[None]  # padding nodes see themselves (avoids empty rows)
+        base = torch.tensor(self.lengths, dtype=torch.long)
+        pos = torch.where(valid, base[:, None] + depth, torch.zeros_like(depth))
+
+        S = self.num_slots
+        past_pos = self.slot_pos.cpu()
+        past_valid = (past_pos >= 0)[:, None, :].expand(B, n_new, S)
+        full = torch.cat([past_valid, anc], dim=-1)  # [B, N, S+N]
+        masks = {"full_attention": full}
+        if self.member.has_sliding:
+            all_pos = torch.cat([past_pos, pos], dim=1)  # [B, S+N]
+            window = (pos[:, :, None] - all_pos[:, None, :]) < int(self.member.sliding_window)
+            masks["sliding_attention"] = full & (window | eye_pad(n_new, S))
+        dtype = self.member.dtype
+        neg = torch.finfo(dtype).min
+        float_masks = {
+            k: torch.zeros(B, 1, n_new, S + n_new, dtype=dtype).masked_fill(~m[:, None], neg).to(device)
+            for k, m in masks.items()
+        }
+        attention_mask = float_masks if self.member.has_sliding else float_masks["full_attention"]
+
+        if keep == "all":
+            logits_to_keep = 0
+        elif keep == "last":
+            last_idx = torch.tensor([max(len(t) - 1, 0) for t in tokens])
+            uniq = torch.unique(last_idx)
+            logits_to_keep = uniq.to(device)
+        else:
+            logits_to_keep = 1
+        out = self.member.model(
+            input_ids=tok.to(device), attention_mask=attention_mask, position_ids=pos.to(device),
+            cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep,
+        )
+        self.member.counters.forward_passes += 1
+        self.member.counters.tokens_processed += int(valid.sum())
+        new_pos = torch.where(valid, pos, torch.full_like(pos, -1)).to(device)
+        self.slot_pos = torch.cat([self.slot_pos, new_pos], dim=1)
+        if keep == "all":
+            return out.logits.float(), S
+        if keep == "last":
+            where = torch.searchsorted(uniq, last_idx)
+            return out.logits[rows, where.to(out.logits.device)].float(), S
+        return None, S
+
+    # ---- public operations -----------------------------------------------------------------
+    @torch.no_grad()
+    def append(self, tokens: Sequence[Sequence[int]], return_logits: bool = True) -> torch.Tensor | None:
+        """Commit `tokens[b]` to row b (rows may get different counts, including none). Returns
+        logits [B, N, V] for every appended position when `return_logits` (row b's valid ones are
+        the first len(tokens[b])); updates `last_logits` for rows that got tokens."""
+        self._discard_tree()
+        tokens = [list(t) for t in tokens]
+        self._stale.difference_update(b for b, t in enumerate(tokens) if t)
+        parents = [list(range(-1, len(t) - 1)) for t in tokens]
+        logits, first = self._forward(tokens, parents, "all" if return_logits else "last")
+        if logits is None:
+            return None
+        last = logits[torch.arange(self.batch_size), [max(len(t) - 1, 0) for t in tokens]] if return_logits else logits
+        self._commit_rows(tokens, [list(range(len(t))) for t in tokens], first, last)
+        return logits if return_logits else None
+
+    def _commit_rows(self, tokens, paths, first_slot: int, last_logits: torch.Tensor) -> None:
+        if self.last_logits is None:
+            self.last_logits = torch.zeros(self.batch_size, last_logits.shape[-1], dtype=torch.float32,
+                                           device=last_logits.device)
+        for b, path in enumerate(paths):
+            if not path:
+                continue
+            self.ids[b].extend(tokens[b][i] for i in path)
+            self.slots[b].extend(first_slot + i for i in path)
+            self.last_logits[b] = last_logits[b]
+
+    def next_probs(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+        """[B, V] next-token distribution of each row after its last committed token."""
+        if self.last_logits is None:
+            raise RuntimeError("empty state: append a prompt first")
+        self._refresh()
+        return logits_to_probs(self.last_logits, temperature, top_k, top_p)
+
+    @torch.no_grad()
+    def forward_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Score a token tree per row in one forward, without committing. `parents[b][i]` is the
+        index of node i's parent among row b's nodes (-1: child of the last committed token).
+        Returns logits [B, N, V] (the distribution after each node). Call `accept` next."""
+        self._discard_tree()
+        self._refresh()
+        tokens = [list(t) for t in tokens]
+        logits, first = self._forward(tokens, [list(p) for p in parents], "all")
+        self._tree = (tokens, logits, first)
+        return logits
+
+    def _discard_tree(self) -> None:
+        if self._tree is not None:
+            self.accept([[] for _ in range(self.batch_size)])
+
+    def accept(self, paths: Sequence[Sequence[int]]) -> None:
+        """Commit, per row, the node indices of a root-to-node chain from the last `forward_tree`
+        (may be empty); all other tree nodes are freed."""
+        if self._tree is None:
+            raise RuntimeError("accept() needs a preceding forward_tree()")
+        tokens, logits, first = self._tree
+        self._tree = None
+        keep = torch.zeros_like(self.slot_pos[:, first:], dtype=torch.bool)
+        for b, path in enumerate(paths):
+            if path:
+                keep[b, list(path)] = True
+        self.slot_pos[:, first:] = torch.where(keep, self.slot_pos[:, first:], torch.full_like(keep, -1, dtype=torch.long))
+        last = torch.stack([logits[b, path[-1]] if path else logits[b, 0] for b, path in enumerate(paths)])
+        self._stale.difference_update(b for b, path in enumerate(paths) if path)
+        self._commit_rows(tokens, [list(p) for p in paths], first, last)
+        # accepted nodes sit at depth 0..k-1 of the tree, so their positions already equal their
+        # final positions; only the freed slots need compaction
+        self._trim()
+
+    @torch.no_grad()
+    def score(self, continuations: Sequence[Sequence[Sequence[int]]]) -> list[list[torch.Tensor]]:
+        """Log-probs of each continuation's tokens given each row's committed prefix, in one forward
+        (continuations become branches of a tree; nothing is committed). Returns, per row and per
+        continuation, a float32 tensor [len(continuation)]."""
+        if self.last_logits is None:
+            raise RuntimeError("empty state: append a prompt first")
+        self._discard_tree()
+        self._refresh()
+        tokens, parents, spans = [], [], []
+        for conts in continuations:
+            t, p, s = [], [], []
+            for c in conts:
+                start = len(t)
+                t.extend(c)
+                p.extend([-1] + list(range(start, start + len(c) - 1)) if c else [])
+                s.append((start, len(c)))
+            tokens.append(t)
+            parents.append(p)
+            spans.append(s)
+        logits, first = self._forward(tokens, parents, "all")
+        self.slot_pos[:, first:] = -1
+        self._trim()
+        last_lp = torch.log_softmax(self.last_logits.float(), dim=-1)
+        out: list[list[torch.Tensor]] = []
+        for b, conts in enumerate(continuations):
+            row = []
+            lp = torch.log_softmax(logits[b], dim=-1) if logits is not None and tokens[b] else None
+            for c, (start, n) in zip(conts, spans[b]):
+                if n == 0:
+                    row.append(torch.zeros(0))
+                    continue
+                ids = torch.tensor(c, device=last_lp.device)
+                prev = torch.cat([last_lp[b : b + 1], lp[start : start + n - 1]], dim=0)
+                row.append(prev.gather(-1, ids[:, None]).squeeze(-1).cpu())
+            out.append(row)
+        return out
+
+    def rollback(self, lengths: Sequence[int]) -> None:
+        """Shorten row b to `lengths[b]` tokens (>= 1; no-op where equal). A shortened row's
+        `last_logits` is refreshed lazily (one re-fed token) unless new tokens are appended first."""
+        self._discard_tree()
+        for b, n in enumerate(lengths):
+            if n > len(self.ids[b]):
+                raise ValueError(f"row {b}: cannot roll back to {n} > current length {len(self.ids[b])}")
+            if n == len(self.ids[b]):
+                continue
+            if n < 1:
+                raise ValueError("rollback keeps at least one token per row")
+            self.slot_pos[b, self.slots[b][n:]] = -1
+            del self.ids[b][n:]
+            del self.slots[b][n:]
+            self._stale.add(b)
+        self._trim()
+
+    def _refresh(self) -> None:
+        """Recompute `last_logits` of rolled-back rows by re-feeding their last token."""
+        if not self._stale:
+            return
+        rows = sorted(self._stale)
+        refeed: list[list[int]] = [[] for _ in range(self.batch_size)]
+        for b in rows:
+            self.slot_pos[b, self.slots[b][-1]] = -1
+            self.slots[b].pop()
+            refeed[b] = [self.ids[b].pop()]
+        self._stale.clear()
+        self.append(refeed, return_logits=False)
+
+    def truncate_to(self, lengths: Sequence[int]) -> None:
+        """Alias of `rollback`."""
+        self.rollback(lengths)
+
+    def _trim(self) -> None:
+        """Drop trailing free slots; compact when free slots dominate the cache."""
+        valid = self.slot_pos >= 0
+        if valid.numel() == 0:
+            return
+        any_valid = valid.any(dim=0)
+        nz = torch.nonzero(any_valid)
+        keep_to = int(nz[-1]) + 1 if len(nz) else 0
+        S = self.num_slots
+        if keep_to < S:
+            self.cache.crop(keep_to - S)
+            self.slot_pos = self.slot_pos[:, :keep_to]
+        longest = max(self.lengths) if self.batch_size else 0
+        if self.num_slots - longest > max(64, longest // 2):
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather each row's committed slots to the left of the cache (order kept)."""
+        longest = max(self.lengths)
+        device = self.slot_pos.device
+        index = torch.zeros(self.batch_size, longest, dtype=torch.long)
+        new_pos = torch.full((self.batch_size, longest), -1, dtype=torch.long)
+        for b, slots in enumerate(self.slots):
+            n = len(slots)
+            if n:
+                index[b, :n] = torch.tensor(slots)
+                new_pos[b, :n] = self.slot_pos[b, slots].cpu()
+        index = index.to(device)
+        for layer in self.cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            idx = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, idx)
+            layer.values = layer.values.gather(2, idx.expand(-1, -1, -1, layer.values.shape[-1]))
+        self.slot_pos = new_pos.to(device)
+        self.slots = [list(range(len(s))) for s in self.slots]
+
+
+def eye_pad(n_new: int, n_past: int) -> torch.Tensor:
+    """[N, S+N] bool: True at each new node's own slot (it always sees itself)."""
+    return torch.cat([torch.zeros(n_new, n_past, dtype=torch.bool), torch.eye(n_new, dtype=torch.bool)], dim=1)
+
+
+def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
+                use_chat_template: bool | None = None, check_memory: bool = True) -> Member:
+    """Load a registry name, local folder or hub id as a `Member` (no network for registry names)."""
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adafuse import registry
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1") if name_or_path in registry.REGISTRY else None
+    display, where = registry.resolve(name_or_path)
+    torch_dtype = resolve_dtype(dtype)
+    if check_memory:
+        registry.check_memory([name_or_path], str(torch_dtype).replace("torch.", ""))
+    tok = AutoTokenizer.from_pretrained(str(where))
+    model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype).to(device)
+    return Member(model, tok, name=display, use_chat_template=use_chat_template)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        from adafuse.errors import AdafuseError
+
+        raise AdafuseError(f"unknown dtype '{dtype}'; use one of: float32, bfloat16, float16")
+    return table[dtype]

@@ -1,0 +1,160 @@
+"""Member runtime: incremental KV use equals a full forward; trees, scoring, rollback, batching."""
+import pytest
+import torch
+
+from adafuse.member import KVState
+from adafuse.sampling import logits_to_probs
+from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
+
+ARCHS = ["llama", "qwen2", "gemma3"]
+TOL = dict(atol=2e-5, rtol=1e-4)
+
+
+def full_logits(member, ids):
+    with torch.no_grad():
+        return member.model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def rand_ids(n, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, vocab, (n,), generator=g).tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incremental_equals_full_forward(arch):
+    m = tiny_member(arch)
+    V = m.vocab_size
+    a, b = rand_ids(9, V, 1), rand_ids(5, V, 2)
+    state = m.start([a[:3], b[:2]])
+    state.append([a[3:7], b[2:3]])
+    state.append([a[7:], b[3:]])
+    ref_a, ref_b = full_logits(m, a), full_logits(m, b)
+    torch.testing.assert_close(state.last_logits[0], ref_a[-1], **TOL)
+    torch.testing.assert_close(state.last_logits[1], ref_b[-1], **TOL)
+    # logits returned by append match every position
+    state2 = m.start([a[:2]])
+    lg = state2.append([a[2:]])
+    torch.testing.assert_close(lg[0], ref_a[2:], **TOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_forward_matches_each_path(arch):
+    m = tiny_member(arch)
+    V = m.vocab_size
+    prompt = rand_ids(6, V, 3)
+    # tree: 0 -> (1 -> 3), 2 ; node tokens
+    toks = rand_ids(4, V, 4)
+    parents = [-1, 0, -1, 1]
+    state = m.start([prompt])
+    lg = state.forward_tree([toks], [parents])[0]
+    paths = {0: [0], 1: [0, 1], 2: [2], 3: [0, 1, 3]}
+    for node, path in paths.items():
+        ref = full_logits(m, prompt + [toks[i] for i in path])[-1]
+        torch.testing.assert_close(lg[node], ref, **TOL)
+    state.accept([[0, 1, 3]])
+    assert state.ids[0] == prompt + [toks[0], toks[1], toks[3]]
+    nxt = rand_ids(3, V, 5)
+    lg2 = state.append([nxt])[0]
+    ref = full_logits(m, state.ids[0])
+    torch.testing.assert_close(lg2, ref[-3:], **TOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rollback_then_continue(arch):
+    m = tiny_member(arch)
+    V = m.vocab_size
+    a = rand_ids(12, V, 6)
+    state = m.start([a[:8], a[:5]])
+    state.rollback([4, 5])
+    assert state.lengths == [4, 5]
+    torch.testing.assert_close(state.next_probs(1.0)[0], full_logits(m, a[:4])[-1].softmax(-1), **TOL)
+    tail = rand_ids(3, V, 7)
+    state.append([tail, []])
+    torch.testing.assert_close(state.last_logits[0], full_logits(m, a[:4] + tail)[-1], **TOL)
+    torch.testing.assert_close(state.last_logits[1], full_logits(m, a[:5])[-1], **TOL)
+    with pytest.raises(ValueError):
+        state.rollback([100, 1])
+
+
+def test_long_sequence_compaction_and_sliding_window():
+    m = tiny_member("gemma3")
+    V = m.vocab_size
+    a = rand_ids(40, V, 8)
+    state = m.start([a[:5]])
+    # many rejected trees create holes; compaction must keep results exact
+    for i in range(5, 40):
+        toks = rand_ids(6, V, 100 + i)
+        state.forward_tree([[a[i]] + toks], [[-1, 0, 0, -1, 3, 4, -1]])
+        state.accept([[0]])
+    assert state.ids[0] == a
+    torch.testing.assert_close(state.last_logits[0], full_logits(m, a)[-1], **TOL)
+    assert state.num_slots < 40 + 64 + 7
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_batched_scoring_equals_one_by_one(arch):
+    m = tiny_member(arch)
+    V = m.vocab_size
+    p1, p2 = rand_ids(7, V, 9), rand_ids(4, V, 10)
+    conts = [[rand_ids(3, V, 11), rand_ids(1, V, 12), rand_ids(5, V, 13)], [rand_ids(2, V, 14)]]
+    state = m.start([p1, p2])
+    batched = state.score(conts)
+    assert state.lengths == [7, 4]  # nothing committed
+    for prompt, row, row_scores in zip([p1, p2], conts, batched):
+        for c, got in zip(row, row_scores):
+            single = m.start([prompt]).score([[c]])[0][0]
+            torch.testing.assert_close(got, single, **TOL)
+            ref = torch.log_softmax(full_logits(m, prompt + c), -1)
+            want = ref[len(prompt) - 1 : -1].gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+            torch.testing.assert_close(got, want, **TOL)
+
+
+def test_generate_batched_equals_per_row_and_seeded():
+    m = tiny_member("llama", tokenizer=bpe_tokenizer())
+    prompts = ["The quick brown", "How many clips did"]
+    both = m.generate(prompts, max_new_tokens=8, temperature=0.0)
+    for p, out in zip(prompts, both):
+        assert m.generate([p], max_new_tokens=8, temperature=0.0)[0].text == out.text
+    s1 = m.generate(prompts, max_new_tokens=8, temperature=1.0, seed=3)
+    s2 = m.generate(prompts, max_new_tokens=8, temperature=1.0, seed=3)
+    assert [o.text for o in s1] == [o.text for o in s2]
+    assert all(o.num_tokens <= 8 for o in both)
+    assert both[0].cost.forward_passes[m.name] > 0
+
+
+def test_generate_greedy_matches_transformers_generate():
+    m = tiny_member("qwen2", tokenizer=char_tokenizer(), seed=3)
+    prompt = "Question: who"
+    ours = m.generate([prompt], max_new_tokens=12, temperature=0.0)[0]
+    ids = torch.tensor([m.encode_prompt(prompt)])
+    ref = m.model.generate(ids, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(ids))
+    new = ref[0, ids.shape[1]:].tolist()
+    if m.eos_token_ids & set(new):
+        new = new[: min(new.index(e) for e in m.eos_token_ids if e in new)]
+    assert ours.text == m.decode(new)
+
+
+def test_stop_strings_are_excluded():
+    m = tiny_member("llama", tokenizer=char_tokenizer(), seed=1)
+    free = m.generate(["abc"], max_new_tokens=10)[0].text
+    assert len(free) >= 4
+    stop = free[2:4]
+    out = m.generate(["abc"], max_new_tokens=10, stop=[stop])[0]
+    assert out.finish_reason == "stop" and out.text == free[: free.find(stop)]
+
+
+def test_warpers_match_transformers():
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    for t, k, p in [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.5, 10, 0.8), (1.3, 0, 0.9)]:
+        ref = logits.clone()
+        ref = TemperatureLogitsWarper(t)(None, ref)
+        if k:
+            ref = TopKLogitsWarper(k)(None, ref)
+        if p < 1:
+            ref = TopPLogitsWarper(p)(None, ref)
+        torch.testing.assert_close(logits_to_probs(logits, t, k, p), ref.softmax(-1))
+    greedy = logits_to_probs(logits, 0.0)
+    assert torch.equal(greedy.argmax(-1), logits.argmax(-1)) and torch.all(greedy.sum(-1) == 1)
