@@ -20,6 +20,7 @@ import numpy as np
 # a number: optional sign (not glued to a word/number, so "3-5" is not -5), optional $, digits
 # with thousands separators or plain, optional decimals.
 _NUMBER = re.compile(r"(?<![\w.])(-)?\$?\s?(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?!\d)")
+_SENTENCE_END = re.compile(r"\n|\.(?!\d)|[!?;]")
 _ANSWER_IS = re.compile(r"answer\s+is\b|####", re.IGNORECASE)
 
 
@@ -42,10 +43,10 @@ def _numbers(text: str) -> list[str]:
 
 
 def gsm8k_final_number(output: str) -> str:
-    """The number after the first "The answer is" / "####" (on the same line) if there is one,
+    """The number after the first "The answer is" / "####" (in the same sentence) if there is one,
     else the last number in the output; normalised with `normalize_number`; "" if none."""
     for match in _ANSWER_IS.finditer(output):
-        rest = output[match.end():].split("\n", 1)[0]
+        rest = _SENTENCE_END.split(output[match.end():], 1)[0]  # the rest of that sentence
         found = _numbers(rest)
         if found:
             return normalize_number(found[0])

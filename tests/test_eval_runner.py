@@ -1,0 +1,185 @@
+"""End-to-end evaluation with a fake generator: outputs, resume after a real interruption, the CLI
+and the report (no models)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adafuse.cli import main as adafuse_main
+from adafuse.errors import ConfigError
+from eval import methods
+from eval.config import parse_config
+from eval.report import collect, markdown_table, report
+from eval.runner import evaluate, read_predictions
+from eval.testing import FakeGenerator, make_data, register_fake
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fake_method(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(methods.METHODS, "fake", methods.METHODS.get("fake"))
+    register_fake()
+    methods.clear_caches()
+    yield
+    methods.clear_caches()
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_data(tmp_path / "data", n=16)
+
+
+def _cfg(data: Path, out: Path, tasks=("gsm8k",), limit=6, **extra) -> dict:
+    return {"tasks": list(tasks), "limit": limit, "output_path": str(out), "data_dir": str(data), "bootstrap": 100,
+            "runs": [{"name": "fake1", "method": "fake", "members": ["m1"]}], **extra}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_outputs_and_metrics(tmp_path: Path, data: Path) -> None:
+    cfg = parse_config(_cfg(data, tmp_path / "out", tasks=("gsm8k", "nq_open", "wmt22_de_en", "wmt22_en_zh"),
+                            runs=[{"name": "fake1", "method": "fake", "members": ["m1"]},
+                                  {"name": "ens", "method": "fake", "members": ["m1", "m2"], "options": {"mode": "echo"}}]),
+                       "x.yaml")
+    results = evaluate(cfg, progress=False, log=None)
+    assert len(results) == 8
+    recs = _lines(tmp_path / "out" / "fake1" / "gsm8k" / "predictions.jsonl")
+    assert [r["id"] for r in recs] == list(range(6))
+    assert {"prompt", "output", "extracted", "gold", "score", "cost", "wall_s"} <= set(recs[0])
+    metrics = json.loads((tmp_path / "out" / "fake1" / "gsm8k" / "metrics.json").read_text())
+    assert metrics["score"] == 1.0 and metrics["n"] == 6 and metrics["ci95"] == [1.0, 1.0]
+    assert metrics["forward_passes"]["m1"] > 0 and metrics["forward_passes_per_example"] > 0
+    nq = json.loads((tmp_path / "out" / "fake1" / "nq_open" / "metrics.json").read_text())
+    assert nq["metrics"]["exact_match"]["value"] == 1.0 and nq["metrics"]["f1"]["value"] == 1.0
+    ens = json.loads((tmp_path / "out" / "ens" / "wmt22_de_en" / "metrics.json").read_text())
+    assert set(ens["forward_passes"]) == {"m1", "m2"} and set(ens["metrics"]) == {"bleu", "chrf"}
+    resolved = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert resolved["data_dir"] == str(data.resolve()) and len(resolved["runs"]) == 2
+    # corpus BLEU in metrics equals sacrebleu over the saved outputs
+    import sacrebleu
+
+    wmt = _lines(tmp_path / "out" / "fake1" / "wmt22_en_zh" / "predictions.jsonl")
+    expected = sacrebleu.corpus_bleu([r["extracted"] for r in wmt], [[r["gold"] for r in wmt]], tokenize="zh").score
+    got = json.loads((tmp_path / "out" / "fake1" / "wmt22_en_zh" / "metrics.json").read_text())["score"]
+    assert got == pytest.approx(expected)
+
+
+def test_resume_after_keyboard_interrupt(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {"fail_after": 2}
+
+    def build(members, **options):
+        return FakeGenerator(members, fail_after=state["fail_after"])
+
+    monkeypatch.setitem(methods.METHODS, "flaky", build)
+    raw = _cfg(data, tmp_path / "out", limit=7, batch_size=2,
+               runs=[{"name": "r", "method": "flaky", "members": ["m1"]}])
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(parse_config(raw, "x.yaml"), progress=False, log=None)
+    pred = tmp_path / "out" / "r" / "gsm8k" / "predictions.jsonl"
+    assert [r["id"] for r in _lines(pred)] == [0, 1, 2, 3]          # two batches done, third lost in flight
+    assert not (pred.parent / "metrics.json").exists()
+    state["fail_after"] = None
+    methods.clear_caches()
+    (metrics,) = evaluate(parse_config(raw, "x.yaml"), progress=False, log=None)
+    ids = [r["id"] for r in _lines(pred)]
+    assert ids == list(range(7)) and metrics["n"] == 7 and metrics["score"] == 1.0
+    # a finished run is not regenerated (the generator is never even built)
+    state["fail_after"] = 0
+    methods.clear_caches()
+    (again,) = evaluate(parse_config(raw, "x.yaml"), progress=False, log=None)
+    assert again["n"] == 7 and len(_lines(pred)) == 7
+
+
+def test_resume_after_sigkill(tmp_path: Path, data: Path) -> None:
+    """A real process, killed mid-run, then resumed: no duplicates, full coverage."""
+    out = tmp_path / "out"
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(_cfg(data, out, limit=8, runs=[
+        {"name": "slow", "method": "fake", "members": ["m1"], "options": {"delay": 0.15}}])))
+    script = ("import sys; from eval.testing import register_fake; register_fake();"
+              "from adafuse.cli import main; sys.exit(main(['eval', sys.argv[1], '--no_progress']))")
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(cfg_path)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pred = out / "slow" / "gsm8k" / "predictions.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and (not pred.exists() or len(pred.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = len(read_predictions(pred))
+    assert 3 <= killed_at < 8, killed_at
+    with open(pred, "a") as f:  # simulate a torn final line as well
+        f.write('{"id": 99, "prom')
+    assert adafuse_main(["eval", str(cfg_path), "--no_progress"]) == 0
+    ids = [r["id"] for r in _lines(pred)]
+    assert sorted(ids) == list(range(8)) and len(ids) == len(set(ids))
+    assert json.loads((pred.parent / "metrics.json").read_text())["n"] == 8
+
+
+def test_resume_with_changed_settings_is_refused(tmp_path: Path, data: Path) -> None:
+    evaluate(parse_config(_cfg(data, tmp_path / "out", limit=2), "x.yaml"), progress=False, log=None)
+    changed = _cfg(data, tmp_path / "out", limit=2, generation={"max_new_tokens": 7})
+    with pytest.raises(ConfigError, match="different settings.*max_new_tokens"):
+        evaluate(parse_config(changed, "x.yaml"), progress=False, log=None)
+    # a larger --limit extends, a smaller one reports on the subset
+    (m,) = evaluate(parse_config(_cfg(data, tmp_path / "out", limit=4), "x.yaml"), progress=False, log=None)
+    assert m["n"] == 4
+    (m,) = evaluate(parse_config(_cfg(data, tmp_path / "out", limit=1), "x.yaml"), progress=False, log=None)
+    assert m["n"] == 1
+
+
+def test_cli_eval_and_report(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(_cfg(data, tmp_path / "ignored", tasks=("gsm8k", "nq_open"), runs=[
+        {"name": "a", "method": "fake", "members": ["m1"]},
+        {"name": "b", "method": "fake", "members": ["m1", "m2"], "options": {"mode": "echo"}}])))
+    out = tmp_path / "cli_out"
+    assert adafuse_main(["eval", str(cfg_path), "--limit", "3", "--output_path", str(out), "--seed", "1",
+                         "--batch_size", "2", "--data_dir", str(data), "--no_progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "| gsm8k | a | fake | m1 | 3 |" in printed and "| nq_open | b |" in printed
+    assert (out / "report.png").stat().st_size > 0 and not (tmp_path / "ignored").exists()
+    png = tmp_path / "plot.png"
+    assert adafuse_main(["report", str(out), "--plot", str(png), "--cost", "forward_passes"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("\n| ") == 4 and "score ± CI95" in printed and png.stat().st_size > 0
+    rows = collect([out])
+    assert len(rows) == 4
+    table, path = report([out])
+    assert table == markdown_table(rows) and path == out / "report.png"
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tasks: [gsm8k]\nruns:\n  - {method: single, membrs: [x]}\n")
+    assert adafuse_main(["eval", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown key 'runs[0].membrs' (did you mean 'members'?)" in err
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(_cfg(tmp_path / "missing", tmp_path / "o")))
+    assert adafuse_main(["eval", str(good)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "data folder not found" in err and "--data_dir" in err and str(tmp_path / "missing") in err
+    assert adafuse_main(["report", str(tmp_path / "o2")]) == 2
+
+
+def test_missing_ensemble_backend_is_clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    monkeypatch.setitem(sys.modules, "adafuse", types.ModuleType("adafuse"))  # an adafuse without Ensemble
+    with pytest.raises(methods.MissingBackendError, match="adafuse.Ensemble"):
+        methods.build_generator("adafuse", ["a", "b"])
+    with pytest.raises(ConfigError, match="exactly one member"):
+        methods.build_generator("single", ["a", "b"])
