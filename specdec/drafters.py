@@ -1,0 +1,261 @@
+"""Drafters: propose a `DraftTree` per row on top of the target's current ids.
+
+- `ModelDrafter(member)`: a small LM with the target's tokenizer. Expands the tree level by level,
+  one drafter forward per depth (all frontier nodes of all rows in one `forward_tree`), n children
+  per expanded node drawn by the scheme from that node's warped q. At temperature 0 it takes the
+  top-n tokens of the drafter's logits (any drafts are lossless there). With `node_budget` only the
+  most probable frontier nodes are expanded.
+- `PromptLookupDrafter`: model-free. Suffix n-grams of prompt+output matched earlier in the same
+  text give up to n distinct continuations, merged into a deterministic trie.
+- `HybridDrafter(lookup, model)`: lookup where it finds a long enough continuation, the model
+  elsewhere (a lookup-only step costs no drafter forward).
+
+Contexts passed to `draft` are the full token ids of each row (committed + a pending token), or
+None for rows that are finished.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from adafuse.errors import TokenizerMismatchError
+from adafuse.member import KVState, Member
+from adafuse.sampling import logits_to_probs
+from specdec.tree import DraftTree, add_children, tree_from_sequences
+
+
+class Drafter:
+    """Base class. Subclasses implement `draft`."""
+
+    name = "drafter"
+
+    def bind(self, target: Member) -> None:
+        """Called once by the engine with the target; raise if the pair cannot work."""
+
+    def reset(self) -> None:
+        """Forget any cached state (a new batch starts)."""
+
+    def draft(self, contexts: Sequence[Sequence[int] | None], *, scheme: str, num_drafts: int, depth: int,
+              node_budget: int | None, temperature: float, top_k: int, top_p: float,
+              generators: list[torch.Generator | None]) -> list[DraftTree]:
+        raise NotImplementedError
+
+
+def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def check_same_tokenizer(target: Member, drafter: Member) -> None:
+    """Raise TokenizerMismatchError unless both members map the same strings to the same ids."""
+    tv, dv = target.tokenizer.get_vocab(), drafter.tokenizer.get_vocab()
+    if tv != dv:
+        raise TokenizerMismatchError(
+            f"drafter '{drafter.name}' and target '{target.name}' use different tokenizers "
+            f"({len(dv)} vs {len(tv)} tokens); use a drafter from the target's family "
+            f"(e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b) or the model-free --drafter lookup")
+
+
+class ModelDrafter(Drafter):
+    """A small model sharing the target's tokenizer; keeps its own KV state in sync with the target."""
+
+    def __init__(self, member: Member):
+        self.member = member
+        self.name = member.name
+        self.state: KVState | None = None
+        self.target_vocab: int | None = None
+
+    def bind(self, target: Member) -> None:
+        check_same_tokenizer(target, self.member)
+        self.target_vocab = target.vocab_size
+
+    def reset(self) -> None:
+        self.state = None
+
+    # ---- state sync ------------------------------------------------------------------------
+    def sync(self, contexts: Sequence[Sequence[int] | None]) -> list[bool]:
+        """Bring the drafter's rows to `contexts` (longest common prefix, then append the rest).
+        Returns which rows are active."""
+        active = [c is not None and len(c) > 0 for c in contexts]
+        B = len(contexts)
+        if self.state is None or self.state.batch_size != B or any(
+                a and longest_common_prefix(self.state.ids[b], contexts[b]) == 0 for b, a in enumerate(active)):
+            self.state = self.member.start([list(c) if c else [0] for c in contexts])
+            return active
+        st = self.state
+        keep, feed = [], []
+        for b in range(B):
+            if not active[b]:
+                keep.append(len(st.ids[b]))
+                feed.append([])
+                continue
+            ctx = contexts[b]
+            lcp = longest_common_prefix(st.ids[b], ctx)
+            if lcp == len(ctx) and lcp < len(st.ids[b]):
+                lcp -= 1  # re-feed the last token so its logits are fresh (no separate refresh forward)
+            keep.append(max(lcp, 1))
+            feed.append(list(ctx[max(lcp, 1):]))
+        st.rollback(keep)
+        if any(feed):
+            st.append(feed, return_logits=False)
+        return active
+
+    def _probs(self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+        """[..., V_target] draft distribution: the drafter's logits warped like the target's
+        (temperature 0: the plain softmax, used only to rank drafts)."""
+        V = self.target_vocab or logits.shape[-1]
+        if logits.shape[-1] > V:
+            logits = logits[..., :V]
+        elif logits.shape[-1] < V:
+            pad = torch.full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"), device=logits.device)
+            logits = torch.cat([logits.float(), pad], dim=-1)
+        if temperature == 0:
+            return torch.softmax(logits.float(), dim=-1)
+        return logits_to_probs(logits, temperature, top_k, top_p)
+
+    def _expand(self, tree: DraftTree, node: int, q: torch.Tensor, scheme: str, n: int, temperature: float,
+                generator) -> None:
+        from specdec.drafts import sample_drafts
+
+        if temperature == 0:
+            top = torch.topk(q, n)
+            add_children(tree, node, top.indices.tolist(), None, top.values.tolist())
+            tree.draft_probs[node] = None  # deterministic drafts: verified by matching argmax p
+            return
+        support = int((q > 0).sum())
+        n_eff = min(n, support) if scheme in ("without", "greedy") else n
+        drafts = sample_drafts(q, n_eff, scheme, generator).tolist()
+        add_children(tree, node, drafts, q, [float(q[t]) for t in drafts])
+
+    @torch.no_grad()
+    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators):
+        B = len(contexts)
+        active = self.sync(contexts)
+        trees = [DraftTree() for _ in range(B)]
+        if depth < 1 or not any(active):
+            return trees
+        gens = generators or [None] * B
+        st = self.state
+        st._refresh()  # rows shortened to an exact prefix re-feed their last token
+        root_q = self._probs(st.last_logits, temperature, top_k, top_p)
+        frontier = [[0] if active[b] else [] for b in range(B)]
+        node_q = [{0: root_q[b]} for b in range(B)]
+        budget_left = [node_budget if node_budget else 10 ** 9 for _ in range(B)]
+        for level in range(depth):
+            new_frontier: list[list[int]] = [[] for _ in range(B)]
+            for b in range(B):
+                cands = frontier[b]
+                if node_budget:
+                    cands = sorted(cands, key=lambda i: -trees[b].path_prob[i])
+                levels_left = depth - level
+                allow = budget_left[b] if not node_budget else max(num_drafts, budget_left[b] // levels_left)
+                for node in cands:
+                    if allow <= 0 or budget_left[b] <= 0:
+                        break
+                    n = min(num_drafts, budget_left[b]) if node_budget else num_drafts
+                    before = len(trees[b])
+                    self._expand(trees[b], node, node_q[b][node], scheme, n, temperature, gens[b])
+                    added = len(trees[b]) - before
+                    budget_left[b] -= added
+                    allow -= added
+                    new_frontier[b].extend(range(before, len(trees[b])))
+            frontier = new_frontier
+            if level == depth - 1 or not any(frontier):
+                break
+            # one drafter forward over every drafted node of every row gives q at the new frontier
+            toks = [t.tokens[1:] for t in trees]
+            pars = [[p - 1 for p in t.parents[1:]] for t in trees]  # tree index i -> forward index i-1
+            logits = st.forward_tree(toks, pars)
+            for b in range(B):
+                if frontier[b]:
+                    idx = torch.tensor(frontier[b]) - 1
+                    qs = self._probs(logits[b, idx], temperature, top_k, top_p)
+                    for j, node in enumerate(frontier[b]):
+                        node_q[b][node] = qs[j]
+        return trees
+
+
+class PromptLookupDrafter(Drafter):
+    """Model-free drafts: continuations of earlier occurrences of the context's last n-gram
+    (n from `ngram_max` down to `ngram_min`), most recent first, up to `num_drafts` distinct ones of
+    up to `depth` tokens (both default to the engine's values)."""
+
+    name = "lookup"
+
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1, num_drafts: int | None = None,
+                 depth: int | None = None, min_length: int = 1):
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+        self.num_drafts, self.depth, self.min_length = num_drafts, depth, min_length
+
+    def continuations(self, ctx: Sequence[int], num_drafts: int, depth: int) -> list[list[int]]:
+        ctx = list(ctx)
+        L = len(ctx)
+        out: list[list[int]] = []
+        seen: set[tuple[int, ...]] = set()
+        for size in range(min(self.ngram_max, L - 1), self.ngram_min - 1, -1):
+            key = ctx[L - size:]
+            first = key[0]
+            for i in range(L - size - 1, -1, -1):
+                if ctx[i] != first or ctx[i:i + size] != key:
+                    continue
+                cont = ctx[i + size: i + size + depth]
+                if len(cont) < self.min_length:
+                    continue
+                t = tuple(cont)
+                if any(s[: len(t)] == t for s in seen):
+                    continue  # a prefix of a continuation we already have adds nothing
+                seen.add(t)
+                out.append(cont)
+                if len(out) >= num_drafts:
+                    return out
+        return out
+
+    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators):
+        n = self.num_drafts or num_drafts
+        k = self.depth or depth
+        return [tree_from_sequences(self.continuations(c, n, k)) if c else DraftTree() for c in contexts]
+
+
+class HybridDrafter(Drafter):
+    """Prompt lookup where it finds a continuation of at least `min_match` tokens, else the model
+    drafter (rows using lookup this step cost the drafter nothing)."""
+
+    def __init__(self, model: ModelDrafter, lookup: PromptLookupDrafter | None = None, min_match: int = 2):
+        self.model = model
+        self.lookup = lookup or PromptLookupDrafter(ngram_max=3, ngram_min=2, num_drafts=2, depth=8)
+        self.min_match = min_match
+        self.name = f"hybrid({self.model.name}+lookup)"
+
+    def bind(self, target):
+        self.model.bind(target)
+
+    def reset(self):
+        self.model.reset()
+
+    def draft(self, contexts, **kw):
+        look = self.lookup.draft(contexts, **kw)
+        use_model = [c is not None and max(t.depths()) < self.min_match for c, t in zip(contexts, look)]
+        if not any(use_model):
+            return look
+        model_trees = self.model.draft([c if u else None for c, u in zip(contexts, use_model)], **kw)
+        return [m if u else t for m, t, u in zip(model_trees, look, use_model)]
+
+
+def make_drafter(spec: str | None, dtype: str = "float32") -> Drafter | None:
+    """CLI helper: None/'none' -> no drafter; 'lookup' -> prompt lookup; 'hybrid:NAME' -> hybrid;
+    anything else -> a model drafter loaded by `adafuse.member.load_member`."""
+    if not spec or spec == "none":
+        return None
+    if spec == "lookup":
+        return PromptLookupDrafter()
+    from adafuse.member import load_member
+
+    if spec.startswith("hybrid:"):
+        return HybridDrafter(ModelDrafter(load_member(spec.split(":", 1)[1], dtype=dtype)))
+    return ModelDrafter(load_member(spec, dtype=dtype))
