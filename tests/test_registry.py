@@ -1,0 +1,66 @@
+"""Registry: names, errors, local folders, memory check, CLI one-line errors."""
+import subprocess
+import sys
+
+import pytest
+
+from adafuse import registry
+from adafuse.errors import InsufficientMemoryError, ModelNotFetchedError, UnknownModelError
+from adafuse.member import load_member
+from adafuse.testing import char_tokenizer, tiny_model
+
+
+def test_known_names():
+    assert set(registry.REGISTRY) == {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"}
+    qa, qb = registry.REGISTRY["qwen2.5-coder-0.5b"], registry.REGISTRY["qwen2.5-coder-1.5b"]
+    assert qa.tokenizer == qb.tokenizer and len(qb.packages) == 22 and len(qa.packages) == 6
+
+
+def test_unknown_name_lists_known_names():
+    with pytest.raises(UnknownModelError) as exc:
+        registry.resolve("smollm-135m")
+    msg = str(exc.value)
+    assert "smollm2-135m" in msg and "did you mean" in msg and "\n" not in msg
+
+
+def test_not_fetched_names_the_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAFUSE_CACHE", str(tmp_path))
+    assert registry.cache_root() == tmp_path
+    with pytest.raises(ModelNotFetchedError, match="adafuse models fetch gemma3-270m"):
+        load_member("gemma3-270m")
+    assert not any(st.ready for st in registry.list_models())
+
+
+def test_local_folder_loads(tmp_path):
+    model, tok = tiny_model("llama", vocab_size=len(char_tokenizer())), char_tokenizer()
+    model.save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    member = load_member(str(tmp_path / "tiny"))
+    assert member.name == "tiny" and member.vocab_size == len(tok)
+    assert member.generate(["abc"], max_new_tokens=3)[0].num_tokens >= 1
+
+
+def test_memory_check_fails_before_loading(tmp_path, monkeypatch):
+    model = tiny_model("llama", vocab_size=100)
+    folder = tmp_path / "m"
+    model.save_pretrained(folder)
+    registry.check_memory([str(folder)], "float32", available=10 * 2**30)
+    with pytest.raises(InsufficientMemoryError, match="not enough free memory"):
+        registry.check_memory([str(folder)], "float32", available=1000)
+
+
+def test_cli_one_line_errors(tmp_path):
+    env = {"ADAFUSE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    for argv, expect in [
+        (["models", "fetch", "llama-7b"], "unknown model 'llama-7b'"),
+        (["models", "path", "gemma3-270m"], "adafuse models fetch gemma3-270m"),
+        (["generate", "--model", "nope", "--prompt", "hi"], "unknown model 'nope'"),
+    ]:
+        res = subprocess.run([sys.executable, "-m", "adafuse.cli", *argv], capture_output=True, text=True,
+                             env={**env, "PYTHONPATH": ":".join(sys.path)})
+        assert res.returncode == 2, res.stderr
+        lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and expect in lines[0], res.stderr
+    res = subprocess.run([sys.executable, "-m", "adafuse.cli", "models", "list"], capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": ":".join(sys.path)})
+    assert res.returncode == 0 and "qwen2.5-coder-1.5b" in res.stdout and " no " in res.stdout
