@@ -46,15 +46,22 @@ def known_methods() -> list[str]:
     return list(dict.fromkeys([*METHODS, *ENSEMBLE_METHODS]))
 
 
+def _load_member_fn() -> Callable[..., Any]:
+    try:
+        from adafuse.registry import load_member
+    except ImportError:
+        try:
+            from adafuse.member import load_member
+        except ImportError as exc:
+            raise MissingBackendError(f"method 'single' needs adafuse.registry.load_member, which is not available ({exc})") from None
+    return load_member
+
+
 def load_member_cached(name: str, dtype: str = "float32") -> Any:
     """`adafuse.registry.load_member(name, dtype=dtype)`, once per (name, dtype) per process."""
     key = (name, dtype)
     if key not in _MEMBER_CACHE:
-        try:
-            from adafuse.registry import load_member
-        except ImportError as exc:
-            raise MissingBackendError(f"method 'single' needs adafuse.registry.load_member, which is not available ({exc})") from None
-        _MEMBER_CACHE[key] = load_member(name, dtype=dtype)
+        _MEMBER_CACHE[key] = _load_member_fn()(name, dtype=dtype)
     return _MEMBER_CACHE[key]
 
 

@@ -1,0 +1,67 @@
+"""The `single` method through the real member runtime: a tiny random model (fast) and, marked slow,
+the real smollm2-135m on 2 GSM8K problems (skipped unless the model is fetched)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eval import methods
+from eval.config import parse_config
+from eval.runner import evaluate
+from eval.testing import make_data
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clear():
+    methods.clear_caches()
+    yield
+    methods.clear_caches()
+
+
+def test_single_with_tiny_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    testing = pytest.importorskip("adafuse.testing")
+    pytest.importorskip("adafuse.member")
+    loads: list[tuple[str, str]] = []
+
+    def fake_load(name: str, dtype: str = "float32", **kw):
+        loads.append((name, dtype))
+        return testing.tiny_member("llama", name=name)
+
+    monkeypatch.setattr(methods, "_load_member_fn", lambda: fake_load)
+    data = make_data(tmp_path / "data", n=12)
+    cfg = parse_config({"tasks": [{"name": "gsm8k", "num_fewshot": 1}, {"name": "nq_open", "num_fewshot": 1}],
+                        "limit": 2, "batch_size": 2, "generation": {"max_new_tokens": 6}, "bootstrap": 50,
+                        "output_path": str(tmp_path / "out"), "data_dir": str(data),
+                        "runs": [{"name": "tiny", "method": "single", "members": ["tiny-a"]}]}, "x.yaml")
+    results = evaluate(cfg, progress=False, log=None)
+    assert loads == [("tiny-a", "float32")]  # loaded once, reused across tasks
+    for m in results:
+        assert m["n"] == 2 and m["forward_passes"] and m["generated_tokens"] > 0
+    recs = [json.loads(x) for x in (tmp_path / "out" / "tiny" / "gsm8k" / "predictions.jsonl").read_text().splitlines()]
+    assert all(r["num_tokens"] <= 6 for r in recs)
+    with pytest.raises(Exception, match="does not take option"):
+        methods.build_generator("single", ["tiny-a"], beam=3)
+
+
+@pytest.mark.slow
+def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
+    registry = pytest.importorskip("adafuse.registry")
+    if not registry.is_ready("smollm2-135m"):
+        pytest.skip("smollm2-135m not fetched (adafuse models fetch smollm2-135m)")
+    from eval.data import resolve_data_dir
+
+    try:
+        data = resolve_data_dir(None)
+    except Exception:
+        pytest.skip("benchmark data not found")
+    cfg = parse_config({"tasks": [{"name": "gsm8k", "num_fewshot": 2}], "limit": 2, "generation": {"max_new_tokens": 96},
+                        "output_path": str(tmp_path / "out"), "data_dir": str(data), "bootstrap": 100,
+                        "runs": [{"name": "smollm2", "method": "single", "members": ["smollm2-135m"]}]}, "x.yaml")
+    (m,) = evaluate(cfg, progress=False, log=None)
+    assert m["n"] == 2 and m["forward_passes"]["smollm2-135m"] > 0 and m["tokens_per_s"] > 0
+    recs = [json.loads(x) for x in (tmp_path / "out" / "smollm2" / "gsm8k" / "predictions.jsonl").read_text().splitlines()]
+    assert all(r["output"] and "Question:" not in r["output"] for r in recs)
