@@ -66,7 +66,7 @@ def load_member_cached(name: str, dtype: str = "float32") -> Any:
 
 
 @register_method("single")
-def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | list[str] | None = None,
+def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | None = None,
                   **options: Any) -> Generator:
     if len(members) != 1:
         raise ConfigError(f"method 'single' takes exactly one member, got {len(members)}: {', '.join(members)}")
@@ -76,16 +76,32 @@ def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | 
             raise ConfigError(f"method 'single' does not take option(s) {', '.join(sorted(options))} "
                               f"(only dtype and drafter; speculative options go with a drafter)")
         return target
+    return _speculative(target, drafter, dtype, options)
+
+
+def _make_drafter(spec: str, dtype: str) -> Any:
+    """'lookup' -> prompt lookup; 'hybrid:NAME' -> model + lookup; NAME -> a model drafter (members cached)."""
     try:
-        from specdec import SpeculativeGenerator
+        from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+    except ImportError as exc:
+        raise MissingBackendError(f"option 'drafter' needs specdec.drafters, which is not available ({exc})") from None
+    if spec == "lookup":
+        return PromptLookupDrafter()
+    if spec.startswith("hybrid:"):
+        return HybridDrafter(ModelDrafter(load_member_cached(spec.split(":", 1)[1], dtype)))
+    return ModelDrafter(load_member_cached(spec, dtype))
+
+
+def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any]) -> Generator:
+    """`specdec.SpeculativeGenerator(target, drafter, **options)` (scheme, num_drafts, depth, ...)."""
+    try:
+        from specdec.engine import SpeculativeGenerator
     except ImportError as exc:
         raise MissingBackendError(f"option 'drafter' needs specdec.SpeculativeGenerator, which is not available ({exc})") from None
-    drafters = [drafter] if isinstance(drafter, str) else list(drafter)
-    drafter_members = [load_member_cached(d, dtype) for d in drafters]
     try:
-        return SpeculativeGenerator(target, drafter_members[0] if len(drafter_members) == 1 else drafter_members, **options)
-    except TypeError as exc:
-        raise ConfigError(f"speculative options {sorted(options)} not accepted by specdec.SpeculativeGenerator: {exc}") from None
+        return SpeculativeGenerator(target, _make_drafter(str(drafter), dtype), **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"speculative options {sorted(options)} rejected by specdec.SpeculativeGenerator: {exc}") from None
 
 
 def _build_ensemble(method: str, members: list[str], **options: Any) -> Generator:

@@ -29,22 +29,30 @@ def test_single_with_tiny_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     def fake_load(name: str, dtype: str = "float32", **kw):
         loads.append((name, dtype))
-        return testing.tiny_member("llama", name=name)
+        return testing.tiny_member("llama", name=name, seed=len(loads))
 
     monkeypatch.setattr(methods, "_load_member_fn", lambda: fake_load)
     data = make_data(tmp_path / "data", n=12)
     cfg = parse_config({"tasks": [{"name": "gsm8k", "num_fewshot": 1}, {"name": "nq_open", "num_fewshot": 1}],
                         "limit": 2, "batch_size": 2, "generation": {"max_new_tokens": 6}, "bootstrap": 50,
                         "output_path": str(tmp_path / "out"), "data_dir": str(data),
-                        "runs": [{"name": "tiny", "method": "single", "members": ["tiny-a"]}]}, "x.yaml")
+                        "runs": [{"name": "tiny", "method": "single", "members": ["tiny-a"]},
+                                 {"name": "spec", "method": "single", "members": ["tiny-a"],
+                                  "options": {"drafter": "tiny-b", "depth": 2}}]}, "x.yaml")
     results = evaluate(cfg, progress=False, log=None)
-    assert loads == [("tiny-a", "float32")]  # loaded once, reused across tasks
+    assert loads == [("tiny-a", "float32"), ("tiny-b", "float32")]  # each loaded once, reused across tasks/runs
+    for task in ("gsm8k", "nq_open"):  # greedy speculative decoding is lossless: same outputs as plain
+        plain, spec = ([json.loads(x)["output"] for x in (tmp_path / "out" / run / task / "predictions.jsonl").read_text().splitlines()]
+                       for run in ("tiny", "spec"))
+        assert plain == spec
     for m in results:
         assert m["n"] == 2 and m["forward_passes"] and m["generated_tokens"] > 0
     recs = [json.loads(x) for x in (tmp_path / "out" / "tiny" / "gsm8k" / "predictions.jsonl").read_text().splitlines()]
     assert all(r["num_tokens"] <= 6 for r in recs)
     with pytest.raises(Exception, match="does not take option"):
         methods.build_generator("single", ["tiny-a"], beam=3)
+    with pytest.raises(Exception, match="rejected by specdec"):
+        methods.build_generator("single", ["tiny-a"], drafter="tiny-b", scheme="bogus")
 
 
 @pytest.mark.slow
@@ -58,7 +66,7 @@ def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
         data = resolve_data_dir(None)
     except Exception:
         pytest.skip("benchmark data not found")
-    cfg = parse_config({"tasks": [{"name": "gsm8k", "num_fewshot": 2}], "limit": 2, "generation": {"max_new_tokens": 96},
+    cfg = parse_config({"tasks": [{"name": "gsm8k", "num_fewshot": 2}], "limit": 2, "generation": {"max_new_tokens": 64},
                         "output_path": str(tmp_path / "out"), "data_dir": str(data), "bootstrap": 100,
                         "runs": [{"name": "smollm2", "method": "single", "members": ["smollm2-135m"]}]}, "x.yaml")
     (m,) = evaluate(cfg, progress=False, log=None)
