@@ -1,0 +1,1 @@
+"""Ensemble methods that `adafuse.Ensemble(method=...)` dispatches to, one module per method."""

@@ -1,0 +1,290 @@
+"""Token-level union ensemble (UniTE-style) for members with different tokenizers.
+
+At each step every member gives its next-token distribution after the shared text (its own
+`MemberText` state). Each member's top-k tokens are decoded one by one to text, and the union of
+those *strings* (leading-space markers such as "Ġ"/"▁" come out of the decoder as " ") is the
+candidate set. A member's probability of a string is that of its token whose text is the string,
+looked up in its full distribution; when the member has no such token, UniTE's rule applies
+(option `missing`): the probability of the first token of the member's encoding of the string
+("first-token", default) or 0 ("zero"). Each member's probabilities are renormalised over the union,
+averaged with the weights, and the argmax (temperature 0) or a seeded sample (temperature > 0, from
+the members' temperature-scaled distributions) is committed:
+
+- the lead member commits its own token for the string (as in its own decoding) when it has one;
+- every other member's text is extended by the string, with `MemberText`-style boundary repair, so
+  a string that is one token for one member and several (or a prefix of a merged token) for another
+  is handled by re-tokenising only the tail. One forward per member per step, all rows together.
+
+The end-of-sequence tokens of all members share one union key; choosing it ends the row ("eos").
+Rows also stop at a stop string (excluded from the text) or when the lead has `max_new_tokens`
+tokens of output. The output text is exactly the concatenation of the committed strings.
+
+Tokens whose single-token text is empty or holds U+FFFD (a partial UTF-8 sequence) cannot be
+committed as text and are left out of the union.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from adafuse.errors import ConfigError
+from adafuse.member import Member, make_generators, split_batch_cost
+from adafuse.outputs import Cost, GenerationOutput
+from adafuse.text_state import MemberText, common_prefix_len
+
+METHOD = "token-union"
+OPTIONS: dict[str, Any] = {"top_k": 10, "missing": "first-token"}
+MISSING_MODES = ("first-token", "zero")
+EOS = None  # the union key of end-of-sequence (any member's EOS token)
+
+
+# ---- shared argument checks (also used by sample_rerank) --------------------------------------
+def check_call(method: str, members: Sequence[Member], prompts: Sequence[str], max_new_tokens: int,
+               temperature: float, weights: Sequence[float] | None, lead: int, options: dict,
+               defaults: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+    """Validate the common arguments; return (weights, options merged over defaults).
+    Raises `ConfigError` with a one-line message."""
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown option '{unknown[0]}' for method {method}; "
+                          f"known options: {', '.join(defaults) or '(none)'}")
+    if not members:
+        raise ConfigError(f"method {method} needs at least one member")
+    if not prompts:
+        raise ConfigError(f"method {method} needs at least one prompt")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if temperature is None or temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature!r}")
+    M = len(members)
+    if not isinstance(lead, int) or not 0 <= lead < M:
+        raise ConfigError(f"lead must be a member index in 0..{M - 1}, got {lead!r}")
+    w = [1.0] * M if weights is None else [float(x) for x in weights]
+    if len(w) != M or any(x < 0 for x in w) or sum(w) <= 0:
+        raise ConfigError(f"weights must be {M} non-negative numbers with a positive sum, got {list(weights)}")
+    return w, {**defaults, **options}
+
+
+def batch_cost(members: Sequence[Member], snaps: Sequence[tuple[int, int]], wall: float) -> Cost:
+    cost = Cost(wall_time_s=wall)
+    for m, snap in zip(members, snaps):
+        cost.merge(m.cost_since(snap))
+    return cost
+
+
+# ---- pure fusion --------------------------------------------------------------------------------
+def fuse_union(
+    member_probs: Sequence[Sequence[float]],  # [M][U]: each member's probability of each union key
+    weights: Sequence[float],                 # [M]
+) -> list[float]:                             # [U]: weighted mean of the renormalised rows
+    """Renormalise each member's probabilities over the union, then take the weighted mean.
+    A member giving the whole union probability 0 is left out of the mean."""
+    num = [0.0] * (len(member_probs[0]) if member_probs else 0)
+    total_w = 0.0
+    for probs, w in zip(member_probs, weights):
+        s = float(sum(probs))
+        if s <= 0 or w <= 0:
+            continue
+        total_w += w
+        for i, p in enumerate(probs):
+            num[i] += w * p / s
+    return [x / total_w for x in num] if total_w > 0 else num
+
+
+# ---- per-member vocabulary helpers --------------------------------------------------------------
+class _Vocab:
+    """Cached single-token texts and string -> token lookups of one member."""
+
+    def __init__(self, member: Member):
+        self.member = member
+        self.texts: dict[int, str] = {}
+        self.lookup: dict[str, tuple[int | None, int | None]] = {}  # text -> (exact token, first token)
+
+    def key(self, token: int):
+        """Union key of a token: EOS, its text, or "" when it cannot be committed as text."""
+        if token in self.member.eos_token_ids:
+            return EOS
+        text = self.texts.get(token)
+        if text is None:
+            text = self.member.tokenizer.decode([token], skip_special_tokens=False)
+            self.texts[token] = text
+        return "" if "\ufffd" in text else text
+
+    def find(self, text: str) -> tuple[int | None, int | None]:
+        """(the token whose text is `text` or None, the first token of the member's encoding)."""
+        hit = self.lookup.get(text)
+        if hit is None:
+            ids = self.member.encode(text)
+            exact = ids[0] if len(ids) == 1 and self.key(ids[0]) == text else None
+            hit = (exact, ids[0] if ids else None)
+            self.lookup[text] = hit
+        return hit
+
+
+def _member_prob(vocab: _Vocab, probs: torch.Tensor, top: dict, key, missing: str) -> tuple[float, int | None]:
+    """(probability, token) of union key `key` for one member; `top` maps its top-k keys to
+    (prob, token). probs: [V] this member's distribution for the row."""
+    if key in top:
+        return top[key]
+    if key is EOS:
+        ids = [i for i in vocab.member.eos_token_ids if i < probs.shape[0]]
+        if not ids:
+            return 0.0, None
+        best = max(ids, key=lambda i: float(probs[i]))
+        return float(probs[best]), best
+    exact, first = vocab.find(key)
+    if exact is not None:
+        return float(probs[exact]), exact
+    if missing == "first-token" and first is not None:
+        return float(probs[first]), None
+    return 0.0, None
+
+
+def _top_keys(vocab: _Vocab, probs: torch.Tensor, k: int) -> dict:
+    """A member's top-k tokens as {key: (prob, token)} in descending order; tokens sharing a text
+    keep the most probable one; uncommittable tokens are skipped. probs: [V]."""
+    values, ids = torch.topk(probs, min(k, probs.shape[0]))
+    top: dict = {}
+    for p, t in zip(values.tolist(), ids.tolist()):
+        key = vocab.key(t)
+        if key == "" or key in top:
+            continue
+        top[key] = (p, t)
+    return top
+
+
+# ---- commit ------------------------------------------------------------------------------------
+def _commit(mt: MemberText, pieces: Sequence[str], own: Sequence[int | None]) -> None:
+    """Extend rows by text in one forward. Row b appends `own[b]` (the member's own token for the
+    piece) when given, else its cache is repaired to the canonical ids of the new text."""
+    B = mt.batch_size
+    keep = list(mt.state.lengths)
+    tails: list[list[int]] = [[] for _ in range(B)]
+    for b, piece in enumerate(pieces):
+        if not piece:
+            continue
+        mt.texts[b] += piece
+        if own[b] is not None:
+            tails[b] = [own[b]]
+            continue
+        want = mt.canonical_ids(b)
+        have = mt.output_ids(b)
+        lcp = common_prefix_len(have, want)
+        keep[b] = max(len(mt.prompt_ids[b]) + lcp, 1)
+        tails[b] = want[lcp:]
+        if lcp < len(have):
+            mt.tokens_refed += len(want) - lcp
+    if keep != mt.state.lengths:
+        mt.state.rollback(keep)
+    if any(tails):
+        mt.state.append(tails, return_logits=False)
+
+
+def _find_stop(text: str, stop: Sequence[str]) -> int:
+    cuts = [c for c in (text.find(s) for s in stop) if c >= 0]
+    return min(cuts) if cuts else -1
+
+
+# ---- the method ---------------------------------------------------------------------------------
+@torch.no_grad()
+def generate(
+    members: Sequence[Member],
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    temperature: float,
+    seed: int | None,
+    weights: Sequence[float],
+    lead: int,
+    chat: bool | None,
+    **options,
+) -> list[GenerationOutput]:
+    """UniTE-style token-union ensemble; see the module docstring. Options: `top_k` (10),
+    `missing` ("first-token" | "zero")."""
+    weights, opts = check_call(METHOD, members, prompts, max_new_tokens, temperature, weights, lead, options, OPTIONS)
+    top_k, missing = opts["top_k"], opts["missing"]
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise ConfigError(f"top_k must be a positive integer, got {top_k!r}")
+    if missing not in MISSING_MODES:
+        raise ConfigError(f"missing must be one of {', '.join(MISSING_MODES)}, got {missing!r}")
+    stop = [s for s in (stop or []) if s]
+    t0 = time.perf_counter()
+    snaps = [m.counters.snapshot() for m in members]
+    B, M = len(prompts), len(members)
+    gens = make_generators(B, seed, "cpu")
+    mts = [MemberText(m, prompts, chat) for m in members]
+    vocabs = [_Vocab(m) for m in members]
+    warm_t = 1.0 if temperature == 0 else float(temperature)
+
+    texts = ["" for _ in range(B)]
+    steps: list[list[dict]] = [[] for _ in range(B)]
+    finish: list[str | None] = [None] * B
+    lead_tokens = [0] * B
+    lead_fallbacks = [0] * B
+    while any(f is None for f in finish):
+        probs = [mt.state.next_probs(warm_t).cpu() for mt in mts]  # M x [B, V]
+        pieces = ["" for _ in range(B)]
+        own: list[list[int | None]] = [[None] * B for _ in range(M)]
+        for b in range(B):
+            if finish[b] is not None:
+                continue
+            k = top_k
+            while True:  # widen when every member's top-k is uncommittable
+                tops = [_top_keys(vocabs[m], probs[m][b], k) for m in range(M)]
+                keys: list = []
+                for m in [lead] + [i for i in range(M) if i != lead]:
+                    keys.extend(key for key in tops[m] if key not in keys)
+                if keys or k >= max(p.shape[-1] for p in probs):
+                    break
+                k *= 4
+            member_probs, member_tokens = [], []
+            for m in range(M):
+                pt = [_member_prob(vocabs[m], probs[m][b], tops[m], key, missing) for key in keys]
+                member_probs.append([p for p, _ in pt])
+                member_tokens.append([t for _, t in pt])
+            fused = fuse_union(member_probs, weights)
+            if temperature == 0:
+                choice = max(range(len(keys)), key=lambda i: fused[i])
+            else:
+                q = torch.tensor(fused, dtype=torch.float64)
+                choice = int(torch.multinomial(q, 1, generator=gens[b] if gens else None))
+            key = keys[choice]
+            agree = sum(1 for m in range(M) if tops[m] and next(iter(tops[m])) == key)
+            steps[b].append({"piece": key, "prob": round(fused[choice], 4), "union": len(keys), "agree": agree})
+            if key is EOS:
+                finish[b] = "eos"
+                lead_tokens[b] += 1
+                continue
+            new_text = texts[b] + key
+            lead_tok = member_tokens[lead][choice]
+            if lead_tok is not None:
+                n_lead = lead_tokens[b] + 1
+            else:
+                n_lead = len(members[lead].encode(new_text))
+                lead_fallbacks[b] += 1
+            texts[b], lead_tokens[b] = new_text, n_lead
+            cut = _find_stop(new_text, stop)
+            if cut >= 0:
+                finish[b], texts[b] = "stop", new_text[:cut]
+            elif n_lead >= max_new_tokens:
+                finish[b] = "length"
+            else:
+                pieces[b] = key
+                own[lead][b] = lead_tok
+        if any(pieces):
+            for m, mt in enumerate(mts):
+                _commit(mt, pieces, own[m])
+
+    wall = time.perf_counter() - t0
+    cost = batch_cost(members, snaps, wall)
+    outs = [GenerationOutput(texts[b], lead_tokens[b], finish[b], cost if b == 0 else Cost()) for b in range(B)]
+    outs = split_batch_cost(outs)
+    for b, out in enumerate(outs):
+        out.trace = {"method": METHOD, "top_k": top_k, "missing": missing, "lead": members[lead].name,
+                     "steps": steps[b]}
+        out.stats = {"steps": len(steps[b]), "lead_text_fallbacks": lead_fallbacks[b],
+                     "tokens_refed": {m.name: mt.tokens_refed for m, mt in zip(members, mts)}}
+    return outs
