@@ -5,7 +5,8 @@
   (name, dtype)); with `options: {drafter: NAME, ...}` it becomes speculative through
   `specdec.SpeculativeGenerator`.
 - every other name (`adafuse`, `token-union`, `word-fixed`, `sample-rerank`, ...) goes to
-  `adafuse.Ensemble(members, method=method, **options)`.
+  `adafuse.Ensemble(members, method=method, **options)` (e.g. `options: {threshold: 0.7,
+  drafters: [lookup, lookup, null]}` for speculative members); members are the cached `Member`s.
 
 Extra backends (e.g. fakes in tests) are added to `METHODS` with `register_method`.
 """
@@ -105,12 +106,19 @@ def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any])
 
 
 def _build_ensemble(method: str, members: list[str], **options: Any) -> Generator:
+    """`adafuse.Ensemble(members, method=method, **options)`, with members (and model drafters in
+    `drafters: [...]`) passed as already-loaded, process-cached `Member`s so runs share the models."""
     try:
         from adafuse import Ensemble  # built by another module; imported lazily
     except ImportError as exc:
         raise MissingBackendError(f"method '{method}' needs adafuse.Ensemble, which is not available yet ({exc})") from None
+    dtype = options.get("dtype", "float32")
+    loaded = [load_member_cached(m, dtype) for m in members]
+    if isinstance(options.get("drafters"), list):
+        options = {**options, "drafters": [load_member_cached(d, dtype) if isinstance(d, str) and d != "lookup"
+                                           else d for d in options["drafters"]]}
     try:
-        return Ensemble(members, method=method, **options)
+        return Ensemble(loaded, method=method, **options)
     except TypeError as exc:
         raise ConfigError(f"method '{method}': options {sorted(options)} not accepted by adafuse.Ensemble: {exc}") from None
 

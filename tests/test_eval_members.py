@@ -73,3 +73,19 @@ def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
     assert m["n"] == 2 and m["forward_passes"]["smollm2-135m"] > 0 and m["tokens_per_s"] > 0
     recs = [json.loads(x) for x in (tmp_path / "out" / "smollm2" / "gsm8k" / "predictions.jsonl").read_text().splitlines()]
     assert all(r["output"] and "Question:" not in r["output"] for r in recs)
+
+
+@pytest.mark.parametrize("method", ["adafuse", "token-union"])
+def test_ensemble_with_tiny_members(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+    """Ensemble methods through `adafuse.Ensemble` with members of different tokenizers (tiny models)."""
+    testing = pytest.importorskip("adafuse.testing")
+    pytest.importorskip("adafuse.ensemble")
+    toks = {"tiny-char": testing.char_tokenizer, "tiny-bpe": testing.bpe_tokenizer}
+    monkeypatch.setattr(methods, "_load_member_fn", lambda: lambda name, dtype="float32", **kw: testing.tiny_member(
+        "llama" if name == "tiny-char" else "qwen2", toks[name](), name=name))
+    data = make_data(tmp_path / "data", n=10)
+    cfg = parse_config({"tasks": [{"name": "nq_open", "num_fewshot": 1}], "limit": 2, "bootstrap": 20,
+                        "generation": {"max_new_tokens": 4}, "output_path": str(tmp_path / "out"), "data_dir": str(data),
+                        "runs": [{"name": "ens", "method": method, "members": ["tiny-char", "tiny-bpe"]}]}, "x.yaml")
+    (m,) = evaluate(cfg, progress=False, log=None)
+    assert m["n"] == 2 and set(m["forward_passes"]) == {"tiny-char", "tiny-bpe"}
