@@ -1,0 +1,33 @@
+"""Ensemble decoding across tokenizers with speculative acceleration.
+
+Heavy names are imported lazily (module-level `__getattr__`), so `import adafuse` stays cheap and
+does not import torch or create import cycles with `specdec`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "Ensemble": "adafuse.ensemble",
+    "EnsembleConfig": "adafuse.ensemble",
+    "Member": "adafuse.member",
+    "load_member": "adafuse.member",
+    "GenerationOutput": "adafuse.outputs",
+    "Cost": "adafuse.outputs",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'adafuse' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

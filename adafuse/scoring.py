@@ -41,3 +41,40 @@ def combine_scores(
     if w.shape != (M,) or bool((w < 0).any()) or float(w.sum()) <= 0:
         raise ValueError(f"weights must be {M} non-negative numbers with a positive sum, got {w.tolist()}")
     return (w[:, None] * scores).sum(0) / w.sum()
+
+
+CALIBRATIONS = ("none", "softmax")
+
+
+def fuse_scores(
+    scores: torch.Tensor,  # [M, C] per member, per candidate (normalised log-probs)
+    weights: Sequence[float] | torch.Tensor | None = None,  # [M]
+    calibration: str = "none",
+) -> torch.Tensor:  # [C] fused score (higher is better)
+    """Fuse members' candidate scores.
+
+    - "none":    weighted mean of the normalised log-probs (the paper). One member that rates the
+                 others' candidates very low can veto them (self-preference).
+    - "softmax": each member's scores become its distribution over the candidate union
+                 (softmax over candidates), the fused score is log of the weighted mixture. Each
+                 member then contributes at most its weight of probability mass, so a
+                 self-confident member cannot outvote a majority that mildly prefers another word.
+    """
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"unknown calibration '{calibration}'; use one of {', '.join(CALIBRATIONS)}")
+    if calibration == "none":
+        return combine_scores(scores, weights)
+    return combine_scores(scores.float().softmax(dim=-1), weights).clamp_min(1e-30).log()
+
+
+def choose(
+    fused: torch.Tensor,  # [C] fused scores
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> int:
+    """Index of the chosen candidate: argmax (first on ties) at temperature 0, else a draw from
+    softmax(fused / temperature) using `generator` (reproducible with a seeded generator)."""
+    if temperature <= 0:
+        return int(torch.argmax(fused))
+    probs = torch.softmax(fused.float() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

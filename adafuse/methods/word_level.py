@@ -1,0 +1,499 @@
+"""Word-level ensembling across tokenizers: `adafuse` (gated, adaptive span) and `word-fixed` (gate
+off: every word is ensembled). See docs/algorithms.md §2.
+
+Rows of a batch advance in lock-step *steps*; at each step every unfinished row sits at a word start
+(see `adafuse.words`) and the lead member's next-token distribution there gives the gate margin
+m = p1 - p2:
+- confident (m >= threshold and fewer than `span` words committed since the last ensembled word):
+  the lead decodes one word on its own (greedy at temperature 0) and the next word start is checked
+  again. After `span` confident words in a row the next word is ensembled ("forced"), so at most
+  `span` words are ever committed without the other members' say; span=0 ensembles every word.
+- uncertain: each member proposes its top-`candidates` first tokens, each completed greedily to the
+  word boundary (all of a member's branches of all rows in one tree forward per token); the union
+  of the candidate words (dedup by exact text) is scored by every member (`KVState.score`: all
+  candidates of all rows in one forward per member), normalised (`normalise`), fused across members
+  with the member weights (`calibration`), and the best is committed.
+
+Text discipline: the shared committed text of a row is exactly the concatenation of its committed
+units. Each member's `MemberText` holds its own ids + KV cache of that text; members that were not
+needed in a step receive the committed text lazily (one forward at their next ensembled word), with
+longest-common-prefix boundary repair, so the prefix is never re-encoded.
+
+Stopping: EOS of the lead (an EOS chosen confidently, or the lead's EOS candidate winning an
+ensembled word), a stop string (the text is cut before it), or `max_new_tokens` counted in *lead
+member tokens* of the committed text (checked after each word, so the last word is kept whole).
+
+Temperature > 0: the lead's confident words are sampled token by token from its warped distribution
+and the ensembled word is drawn from softmax(fused score / temperature); each row uses its own
+generator seeded `seed + row`, so a batched run equals per-row runs. Candidate first tokens are the
+deterministic top-B, their completions greedy; the gate always uses the untempered distribution.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Sequence
+
+import torch
+
+from adafuse.errors import ConfigError
+from adafuse.gate import top2_margin
+from adafuse.member import Member, make_generators, split_batch_cost
+from adafuse.outputs import Cost, GenerationOutput
+from adafuse.sampling import sample
+from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, choose, fuse_scores, normalised_score
+from adafuse.text_state import MemberText
+from adafuse.words import word_end
+
+EOS_KEY = "<eos>"
+
+
+@dataclass
+class WordConfig:
+    """Knobs of the word-level methods (paper values as defaults)."""
+
+    threshold: float = 0.7       # gate: confident iff p1 - p2 >= threshold
+    span: int = 3                # max words committed without ensembling
+    candidates: int = 3          # B: candidate words proposed per member
+    normalise: str = "byte"      # "token" (paper) | "byte" | "char" | "sum"
+    calibration: str = "none"    # "none" | "softmax" (see adafuse.scoring.fuse_scores)
+    max_word_tokens: int = 16    # a word longer than this (tokens) is cut there
+    gate: bool = True            # False = word-fixed: ensemble every word
+
+    @classmethod
+    def from_options(cls, method: str, options: dict[str, Any]) -> "WordConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"method '{method}' has no option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        cfg = cls(**options)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        def bad(name: str, want: str) -> ConfigError:
+            return ConfigError(f"option {name}={getattr(self, name)!r} is invalid: {want}")
+
+        if not isinstance(self.threshold, (int, float)) or not 0.0 <= float(self.threshold) <= 1.0:
+            raise bad("threshold", "a margin in [0, 1]")
+        for name, low in (("span", 0), ("candidates", 1), ("max_word_tokens", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise bad(name, f"an integer >= {low}")
+        if self.normalise not in NORMALISATIONS:
+            raise bad("normalise", f"one of {', '.join(NORMALISATIONS)}")
+        if self.calibration not in CALIBRATIONS:
+            raise bad("calibration", f"one of {', '.join(CALIBRATIONS)}")
+        if not isinstance(self.gate, bool):
+            raise bad("gate", "True or False")
+
+
+@dataclass
+class Candidate:
+    text: str
+    proposed_by: list[str] = field(default_factory=list)
+    eos: bool = False
+    scores: dict[str, float] = field(default_factory=dict)
+    fused: float = float("nan")
+
+
+@dataclass
+class Round:
+    """One round of one row: a confident span (1..span words by the lead) or one ensembled word."""
+
+    kind: str                          # "confident" | "ensemble"
+    units: list[str]                   # committed text units, in order
+    gate: list[dict[str, Any]]         # per word start: {"margin": float, "decision": str}
+    proposer: str                      # the member whose distribution drove the gate
+    candidates: list[Candidate] = field(default_factory=list)
+    chosen: str | None = None          # the committed candidate (ensemble rounds; "<eos>" = stop)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.units)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["text"] = self.text
+        return d
+
+
+class WordFusion:
+    """The state of one batch: shared texts, each member's `MemberText`, traces. Drive with `step()`
+    until `done`, or call `run()`."""
+
+    def __init__(self, members: Sequence[Member], prompts: Sequence[str], config: WordConfig, *,
+                 weights: Sequence[float], lead: int, chat: bool | None, max_new_tokens: int,
+                 stop: Sequence[str], temperature: float, seed: int | None,
+                 speculators: Sequence[Any | None] | None = None):
+        self.members = list(members)
+        self.config = config
+        self.weights = [float(w) for w in weights]
+        self.lead = lead
+        self.max_new_tokens = max_new_tokens
+        self.stop = [s for s in stop if s]
+        self.temperature = float(temperature)
+        self.speculators = list(speculators) if speculators else [None] * len(self.members)
+        self.views = [MemberText(m, prompts, chat=chat) for m in self.members]
+        n = len(prompts)
+        self.texts = ["" for _ in range(n)]
+        self.units: list[list[str]] = [[] for _ in range(n)]
+        self.pending = [["" for _ in range(n)] for _ in self.members]
+        self.finish: list[str | None] = [None] * n
+        self.streak = [0] * n
+        self.traces: list[list[Round]] = [[] for _ in range(n)]
+        self.gens = make_generators(n, seed, self.members[lead].device)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return all(f is not None for f in self.finish)
+
+    def active_rows(self) -> list[int]:
+        return [b for b, f in enumerate(self.finish) if f is None]
+
+    def flush(self, m: int, rows: Sequence[int] | None = None) -> None:
+        """Feed member m the committed text it has not seen yet (one forward for all rows)."""
+        rows = range(len(self.texts)) if rows is None else rows
+        pieces = ["" for _ in self.texts]
+        for b in rows:
+            pieces[b], self.pending[m][b] = self.pending[m][b], ""
+        if any(pieces):
+            self.views[m].extend(pieces)
+
+    def sync_all(self) -> None:
+        for m in range(len(self.members)):
+            self.flush(m)
+
+    def _row_gen(self, b: int) -> torch.Generator | None:
+        return self.gens[b] if self.gens is not None else None
+
+    def _commit(self, b: int, unit: str, lead_has_it: bool) -> None:
+        """Append `unit` to row b's shared text; members other than those that already hold it get
+        it lazily. Then check stop strings and the length limit."""
+        if not unit:
+            return
+        start = len(self.texts[b])
+        self.texts[b] += unit
+        self.units[b].append(unit)
+        for m in range(len(self.members)):
+            if m != self.lead or not lead_has_it:
+                self.pending[m][b] += unit
+        for s in self.stop:
+            cut = self.texts[b].find(s, max(0, start - len(s) + 1))
+            if cut >= 0:
+                self._truncate(b, cut)
+                self.finish[b] = "stop"
+                return
+
+    def _truncate(self, b: int, cut: int) -> None:
+        """Cut row b's text (and its units and trace) at character `cut`."""
+        self.texts[b] = self.texts[b][:cut]
+        kept, total = [], 0
+        for u in self.units[b]:
+            if total >= cut:
+                break
+            kept.append(u[: cut - total])
+            total += len(kept[-1])
+        self.units[b] = kept
+        remaining = cut
+        for r in self.traces[b]:
+            new_units = []
+            for u in r.units:
+                piece = u[:max(remaining, 0)]
+                remaining -= len(piece)
+                if piece:
+                    new_units.append(piece)
+            r.units = new_units
+        self.traces[b] = [r for r in self.traces[b] if r.units or r.chosen == EOS_KEY]
+
+    def _check_length(self, b: int) -> None:
+        if self.finish[b] is None and len(self.views[self.lead].output_ids(b)) >= self.max_new_tokens:
+            self.finish[b] = "length"
+
+    def lead_tokens(self, b: int) -> int:
+        return len(self.views[self.lead].output_ids(b))
+
+    # ---- one step --------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> None:
+        """Advance every unfinished row by one word (confident) or one ensembled word."""
+        rows = self.active_rows()
+        if not rows:
+            return
+        lead_state = self.views[self.lead].state
+        margins = top2_margin(lead_state.next_probs(1.0)).tolist()
+        cfg = self.config
+        confident, ensemble, decisions = [], [], {}
+        for b in rows:
+            if not cfg.gate:
+                decisions[b] = "off"
+            elif margins[b] < cfg.threshold:
+                decisions[b] = "uncertain"
+            elif self.streak[b] >= cfg.span:
+                decisions[b] = "forced"
+            else:
+                decisions[b] = "confident"
+            (confident if decisions[b] == "confident" else ensemble).append(b)
+        if confident:
+            self._confident_words(confident, {b: margins[b] for b in confident})
+        if ensemble:
+            self._ensemble_word(ensemble, {b: (margins[b], decisions[b]) for b in ensemble})
+
+    # ---- confident path: the lead decodes one word -----------------------------------------
+    def _confident_words(self, rows: list[int], margins: dict[int, float]) -> None:
+        view = self.views[self.lead]
+        member = view.member
+        if self.speculators[self.lead] is None:
+            words = self._decode_word(view, rows)
+        else:
+            words = self._speculative_words(rows)
+        pieces = ["" for _ in self.texts]
+        for b in rows:
+            text, eos = words[b]
+            view.texts[b] += text
+            pieces[b] = text
+        view.sync([b for b in rows if pieces[b]])
+        for b in rows:
+            text, eos = words[b]
+            trace = self.traces[b]
+            gate = {"margin": round(margins[b], 4), "decision": "confident"}
+            if trace and trace[-1].kind == "confident" and self.streak[b] > 0:
+                trace[-1].units.append(text)
+                trace[-1].gate.append(gate)
+            else:
+                trace.append(Round("confident", [text], [gate], member.name))
+            if not text:
+                trace[-1].units.pop()
+                trace[-1].chosen = EOS_KEY if eos else None
+            self.streak[b] += 1
+            self._commit(b, text, lead_has_it=True)
+            if eos and self.finish[b] is None:
+                self.finish[b] = "eos"
+            self._check_length(b)
+
+    def _decode_word(self, view: MemberText, rows: list[int]) -> dict[int, tuple[str, bool]]:
+        """The lead decodes one word per row straight into its cache, stopping *before* a token that
+        starts the next word (so the state ends at the word boundary, ready for the next gate).
+        Returns row -> (word text, hit EOS)."""
+        member, state = view.member, view.state
+        ids: dict[int, list[int]] = {b: [] for b in rows}
+        text: dict[int, str] = {b: "" for b in rows}
+        out: dict[int, tuple[str, bool]] = {}
+        live = list(rows)
+        while live:
+            probs = state.next_probs(self.temperature if self.temperature > 0 else 0.0)
+            if self.temperature > 0:
+                toks = {b: int(sample(probs[b: b + 1], [self._row_gen(b)] if self.gens else None)) for b in live}
+            else:
+                toks = {b: int(probs[b].argmax()) for b in live}
+            feed: list[list[int]] = [[] for _ in self.texts]
+            still = []
+            for b in live:
+                tok = toks[b]
+                if tok in member.eos_token_ids:
+                    out[b] = (text[b], True)
+                    continue
+                new = member.decode(ids[b] + [tok])
+                end = word_end(new)
+                if end is not None and end <= len(text[b]) and ids[b]:
+                    out[b] = (text[b], False)  # tok starts the next word: leave it out
+                    continue
+                ids[b].append(tok)
+                feed[b] = [tok]
+                if end is not None:  # tok straddles the boundary: keep the word's part of it
+                    out[b] = (new[:end], False)
+                    continue
+                text[b] = new
+                if len(ids[b]) >= self.config.max_word_tokens:
+                    out[b] = (new, False)
+                    continue
+                still.append(b)
+            if any(feed):
+                state.append(feed, return_logits=False)
+            live = still
+        return out
+
+    def _speculative_words(self, rows: list[int]) -> dict[int, tuple[str, bool]]:
+        raise NotImplementedError  # replaced when specdec.SpeculativeGenerator is integrated
+
+    # ---- uncertain path: ensemble one word -------------------------------------------------
+    def _ensemble_word(self, rows: list[int], gates: dict[int, tuple[float, str]]) -> None:
+        cfg = self.config
+        names = [m.name for m in self.members]
+        for m in range(len(self.members)):
+            self.flush(m, rows)
+        union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
+        for m, view in enumerate(self.views):
+            probs = view.state.next_probs(1.0)
+            eos_ids = view.member.eos_token_ids
+            firsts: dict[int, list[int]] = {}
+            k = min(cfg.candidates + len(eos_ids), probs.shape[-1])
+            top = torch.topk(probs, k, dim=-1).indices.tolist()
+            for b in rows:
+                picked = []
+                for tok in top[b]:
+                    if len(picked) == cfg.candidates:
+                        break
+                    if tok in eos_ids:
+                        if m == self.lead and EOS_KEY not in union[b]:
+                            union[b][EOS_KEY] = Candidate("", [names[m]], eos=True)
+                        elif m == self.lead:
+                            union[b][EOS_KEY].proposed_by.append(names[m])
+                        picked.append(None)  # EOS takes one of the B slots
+                        continue
+                    picked.append(tok)
+                firsts[b] = [t for t in picked if t is not None]
+            words = complete_words(view, rows, firsts, cfg.max_word_tokens)
+            for b in rows:
+                for w in words[b]:
+                    if not w:
+                        continue
+                    cand = union[b].setdefault(w, Candidate(w))
+                    if names[m] not in cand.proposed_by:
+                        cand.proposed_by.append(names[m])
+        # every member scores every candidate of its rows in one forward
+        cands = {b: list(union[b].values()) for b in rows}
+        raw = {b: torch.zeros(len(self.members), len(cands[b])) for b in rows}
+        for m, view in enumerate(self.views):
+            conts: list[list[list[int]]] = [[] for _ in self.texts]
+            for b in rows:
+                conts[b] = [continuation_ids(view, b, c.text) for c in cands[b] if not c.eos]
+            lps = view.state.score(conts)
+            last_lp = torch.log_softmax(view.state.last_logits.float(), dim=-1)
+            eos_ids = sorted(view.member.eos_token_ids)
+            for b in rows:
+                it = iter(lps[b])
+                for j, c in enumerate(cands[b]):
+                    if c.eos:
+                        lp = torch.logsumexp(last_lp[b, eos_ids], dim=0)[None] if eos_ids else torch.tensor([-1e4])
+                        s = normalised_score(lp.cpu(), "x", cfg.normalise)
+                    else:
+                        s = normalised_score(next(it), c.text, cfg.normalise)
+                    raw[b][m, j] = s
+                    c.scores[names[m]] = round(s, 4)
+        lead_pieces = ["" for _ in self.texts]
+        for b in rows:
+            fused = fuse_scores(raw[b], self.weights, cfg.calibration)
+            for c, f in zip(cands[b], fused.tolist()):
+                c.fused = round(f, 4)
+            j = choose(fused, self.temperature, self._row_gen(b))
+            chosen = cands[b][j]
+            margin, decision = gates[b]
+            self.traces[b].append(Round("ensemble", [chosen.text] if chosen.text else [],
+                                        [{"margin": round(margin, 4), "decision": decision}],
+                                        names[self.lead], cands[b], EOS_KEY if chosen.eos else chosen.text))
+            self.streak[b] = 0
+            if chosen.eos:
+                self.finish[b] = "eos"
+                continue
+            lead_pieces[b] = chosen.text
+            self._commit(b, chosen.text, lead_has_it=True)
+        # the lead needs the new text now (its distribution drives the next gate)
+        self.views[self.lead].extend(lead_pieces)
+        for b in rows:
+            self._check_length(b)
+
+    # ---- whole run -------------------------------------------------------------------------
+    def run(self, on_step: Callable[["WordFusion"], None] | None = None) -> list[GenerationOutput]:
+        t0 = time.perf_counter()
+        snaps = [m.counters.snapshot() for m in self.members]
+        while not self.done:
+            self.step()
+            if on_step is not None:
+                on_step(self)
+        wall = time.perf_counter() - t0
+        total = Cost(wall_time_s=wall)
+        for m, snap in zip(self.members, snaps):
+            total.merge(m.cost_since(snap))
+        outs = []
+        for b in range(len(self.texts)):
+            outs.append(GenerationOutput(self.texts[b], self.lead_tokens(b), self.finish[b],
+                                         total if b == 0 else Cost(), trace=self.traces[b],
+                                         stats=round_stats(self.traces[b], self.texts[b])))
+        return split_batch_cost(outs)
+
+
+def continuation_ids(view: MemberText, row: int, text: str) -> list[int]:
+    """The member's ids of `text` appended to the row's committed text: the tail of a fresh encoding
+    of (committed + text) after the cached ids; falls back to encoding `text` alone when the boundary
+    would re-tokenise the cached ids (rare; the score is then of that tokenisation)."""
+    have = view.output_ids(row)
+    full = view.member.encode(view.texts[row] + text)
+    if len(full) > len(have) and full[: len(have)] == have:
+        return full[len(have):]
+    return view.member.encode(text)
+
+
+def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list[int]],
+                   max_word_tokens: int) -> dict[int, list[str]]:
+    """Complete each first token greedily to the word boundary without committing anything. All
+    unfinished branches of all rows go through one tree forward per extra token (branches are
+    re-fed whole each time: words are a few tokens). Returns row -> word texts aligned with firsts."""
+    member, state = view.member, view.state
+    branches = {b: [[t] for t in firsts[b]] for b in rows}
+    texts = {b: [member.decode([t]) for t in firsts[b]] for b in rows}
+    result: dict[int, list[str | None]] = {b: [None] * len(firsts[b]) for b in rows}
+    for b in rows:
+        for i, t in enumerate(texts[b]):
+            end = word_end(t)
+            if end is not None:
+                result[b][i] = t[:end]
+            elif max_word_tokens <= 1:
+                result[b][i] = t
+    while True:
+        tokens: list[list[int]] = [[] for _ in range(state.batch_size)]
+        parents: list[list[int]] = [[] for _ in range(state.batch_size)]
+        where: list[tuple[int, int, int]] = []
+        for b in rows:
+            for i, br in enumerate(branches[b]):
+                if result[b][i] is not None:
+                    continue
+                start = len(tokens[b])
+                tokens[b].extend(br)
+                parents[b].extend([-1] + list(range(start, start + len(br) - 1)))
+                where.append((b, i, start + len(br) - 1))
+        if not where:
+            break
+        logits = state.forward_tree(tokens, parents)
+        state.accept([[] for _ in range(state.batch_size)])
+        for b, i, node in where:
+            nxt = int(logits[b, node].argmax())
+            br, text = branches[b][i], texts[b][i]
+            if nxt in member.eos_token_ids:
+                result[b][i] = text
+                continue
+            new = member.decode(br + [nxt])
+            end = word_end(new)
+            if end is not None:
+                result[b][i] = new[:end] if end > len(text) else text
+                continue
+            br.append(nxt)
+            texts[b][i] = new
+            if len(br) >= max_word_tokens:
+                result[b][i] = new
+    return {b: [w or "" for w in result[b]] for b in rows}
+
+
+def round_stats(trace: Sequence[Round], text: str) -> dict[str, Any]:
+    """Counts for reports: rounds, ensembled rounds, words committed confidently / by ensembling."""
+    ens = sum(1 for r in trace if r.kind == "ensemble")
+    conf_words = sum(len(r.units) for r in trace if r.kind == "confident")
+    ens_words = sum(len(r.units) for r in trace if r.kind == "ensemble")
+    return {"rounds": len(trace), "ensemble_rounds": ens, "confident_words": conf_words,
+            "ensembled_words": ens_words, "units": conf_words + ens_words}
+
+
+def generate(members: Sequence[Member], prompts: Sequence[str], *, max_new_tokens: int, stop: Sequence[str],
+             temperature: float, seed: int | None, weights: Sequence[float], lead: int, chat: bool | None,
+             method: str = "adafuse", speculators: Sequence[Any | None] | None = None,
+             **options: Any) -> list[GenerationOutput]:
+    """Word-level ensemble generation (`method` "adafuse" or "word-fixed"); options are `WordConfig`
+    knobs. Rows of `prompts` are processed together and finish independently."""
+    if method == "word-fixed":
+        options = {**options, "gate": False}
+    cfg = WordConfig.from_options(method, options)
+    fusion = WordFusion(members, prompts, cfg, weights=weights, lead=lead, chat=chat,
+                        max_new_tokens=max_new_tokens, stop=stop, temperature=temperature, seed=seed,
+                        speculators=speculators)
+    return fusion.run()
