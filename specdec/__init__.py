@@ -1,0 +1,5 @@
+"""Multi-draft speculative decoding: draft schemes, lossless verifiers, the optimal acceptance bound."""
+from specdec.acceptance import Acceptance, expected_acceptance
+from specdec.bound import optimal_acceptance
+from specdec.drafts import SCHEMES, sample_drafts
+from specdec.verifiers import METHODS, VerifyResult, output_law, residual, verify

@@ -1,0 +1,356 @@
+"""Lossless multi-draft verifiers for one position (docs/algorithms.md §1).
+
+Each verifier maps (p, q, drafts, randomness) to one token y with y ~ p exactly. A draft is
+*accepted* when y is among the drafts; `accepted_index` is the first position of y in the drafts
+(-1 if none). Two forms per method:
+
+- `verify(...)`: samples y (the algorithm as an engine runs it), batched over leading dims;
+- `output_law(...)`: the exact law of y given the drafts (averaged over the verifier's own coins),
+  used by the exactness tests and by `expected_acceptance`.
+
+Methods and the draft scheme each one needs:
+  "rrs"          with     SpecInfer recursive rejection sampling: accept x_i w.p. min(1, p'(x_i)/q(x_i)),
+                          on rejection p' <- norm((p' − q)+); all rejected -> y ~ p'.
+  "rrs-without"  without  as "rrs", and after each rejection q <- q without x_i, renormalised.
+  "k-seq"        with     SpecTr: accept x_i w.p. min(1, p/(ρ q)); residual chosen so y ~ p.
+  "spechub"      greedy   n = 2: hub a = argmax q is always drafted, paired with x ~ q'. The pair is
+                          ordered as SpecHub samples it (hub first w.p. q(a)) and checked by two
+                          rejection stages (first draft ~ q, second ~ its law given the first).
+  "greedy"       greedy   accept x_n w.p. min(1, p/q'); else y ~ norm(p − min(p, q')). Optimal.
+  "lp-optimal"   any      y ~ the optimal coupling's conditional given the drafts (LP; small V only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.drafts import check_n, check_pair, check_scheme, greedy_residual_draft, greedy_set, to_float64
+
+METHOD_SCHEMES: dict[str, tuple[str, ...]] = {
+    "rrs": ("with",),
+    "rrs-without": ("without",),
+    "k-seq": ("with",),
+    "spechub": ("greedy",),
+    "greedy": ("greedy",),
+    "lp-optimal": ("with", "without", "greedy"),
+}
+METHODS = tuple(METHOD_SCHEMES)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Output of `verify`: the emitted token and the index of the accepted draft (-1: none)."""
+
+    token: torch.Tensor  # [...] long
+    accepted_index: torch.Tensor  # [...] long, in [-1, n)
+
+    @property
+    def index(self) -> torch.Tensor:
+        """Alias of `accepted_index`."""
+        return self.accepted_index
+
+    def __repr__(self) -> str:
+        return f"VerifyResult(token={tuple(self.token.shape)}, accepted_index={tuple(self.accepted_index.shape)})"
+
+
+def residual(
+    target_probs: torch.Tensor,  # [..., V] p
+    draft_probs: torch.Tensor,  # [..., V] q
+) -> torch.Tensor:  # [..., V] norm((p − q)+), float64
+    """The rejection residual norm(max(p − q, 0)). Rows where p <= q everywhere (so p = q and a
+    rejection has probability 0) return p, so the result is always a distribution."""
+    p = target_probs.to(torch.float64)
+    diff = (p - draft_probs.to(torch.float64)).clamp(min=0.0)
+    mass = diff.sum(-1, keepdim=True)
+    return torch.where(mass > 0, diff / mass.clamp(min=torch.finfo(torch.float64).tiny), p)
+
+
+def normalize_method(method: str) -> str:
+    return method.replace("_", "-") if isinstance(method, str) else method
+
+
+def check_method(method: str, scheme: str | None, n: int) -> str:
+    """Return the draft scheme `method` runs on; ValueError if the method or pairing is invalid.
+    Underscores are accepted for dashes ("rrs_without")."""
+    method = normalize_method(method)
+    if method not in METHOD_SCHEMES:
+        raise ValueError(f"unknown verifier {method!r}; choose one of {METHODS}")
+    allowed = METHOD_SCHEMES[method]
+    if scheme is None:
+        if method == "lp-optimal":
+            raise ValueError("verifier 'lp-optimal' needs scheme= ('with', 'without' or 'greedy')")
+        scheme = allowed[0]
+    check_scheme(scheme)
+    if scheme not in allowed:
+        raise ValueError(f"verifier {method!r} is lossless only for {'/'.join(allowed)} drafts, not {scheme!r} drafts")
+    if method == "spechub" and n != 2:
+        raise ValueError(f"verifier 'spechub' is defined for n = 2 drafts only, got n = {n}")
+    return scheme
+
+
+def _check_drafts(q: torch.Tensor, drafts: list[int], scheme: str) -> None:
+    v, n = q.shape[-1], len(drafts)
+    if any(x < 0 or x >= v for x in drafts):
+        raise ValueError(f"draft tokens must lie in [0, {v}), got {drafts}")
+    if any(q[x] <= 0 for x in drafts):
+        raise ValueError(f"drafts {drafts} include a token with draft probability 0: they were not drawn from q")
+    if scheme in ("without", "greedy") and len(set(drafts)) != n:
+        raise ValueError(f"{scheme!r} drafts must be distinct, got {drafts}")
+    if scheme == "greedy" and n > 1:
+        g = set(greedy_set(q, n).tolist())
+        if set(drafts[:-1]) != g:
+            raise ValueError(f"greedy drafts must start with the top {n - 1} tokens of q {sorted(g)}, got {drafts}")
+
+
+def _first_index(drafts: list[int], y: int) -> int:
+    return drafts.index(y) if y in drafts else -1
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    return float(torch.rand((), dtype=torch.float64, generator=generator))
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# ----------------------------------------------------------------------------------------------
+# K-SEQ helpers
+def kseq_rho_star(p: torch.Tensor, q: torch.Tensor, n: int, iters: int = 60) -> float:
+    """Smallest ρ in [1, n] with c(ρ) = (1 − (1 − β(ρ))^n) / β(ρ) <= ρ, β(ρ) = Σ min(q, p/ρ):
+    the K-SEQ residual is non-negative (the verifier is lossless) exactly when c(ρ) <= ρ."""
+
+    def excess(rho: float) -> float:
+        beta = float(torch.minimum(q, p / rho).sum())
+        c = float(n) if beta <= 0 else (1.0 - (1.0 - beta) ** n) / beta
+        return c - rho
+
+    if excess(1.0) <= 0:
+        return 1.0
+    lo, hi = 1.0, float(n)
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if excess(mid) <= 0 else (mid, hi)
+    return hi
+
+
+def _kseq_parts(p: torch.Tensor, q: torch.Tensor, n: int, rho: float | None) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """(ρ used, accept prob per token min(1, p/(ρq)) [V], normalised residual [V]).
+
+    A `rho` below the smallest lossless value ρ* is raised to ρ*; None means ρ*."""
+    if rho is not None and not (1.0 <= rho <= n):
+        raise ValueError(f"k-seq rho must lie in [1, n={n}], got {rho}")
+    star = kseq_rho_star(p, q, n)
+    rho = star if rho is None else max(float(rho), star)
+    taken = torch.minimum(q, p / rho)  # P(draft = x and accepted) per draft
+    beta = float(taken.sum())
+    scale = float(n) if beta <= 0 else (1.0 - (1.0 - beta) ** n) / beta
+    res = (p - taken * scale).clamp(min=0.0)
+    mass = res.sum()
+    res = res / mass if mass > 0 else p.clone()
+    accept = torch.where(q > 0, (p / (rho * q)).clamp(max=1.0), torch.zeros_like(p))
+    return rho, accept, res
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact law of y given the drafts (one position)
+def output_law(
+    target_probs: torch.Tensor,  # [V] p
+    draft_probs: torch.Tensor,  # [V] q
+    drafts: torch.Tensor | list[int],  # [n] long
+    method: str,
+    scheme: str | None = None,
+    **params,
+) -> torch.Tensor:  # [V] float64: P(y = · | drafts)
+    """Exact conditional law of the verifier's output given the drafts (its own coins averaged)."""
+    check_pair(target_probs, draft_probs)
+    if target_probs.dim() != 1:
+        raise ValueError("output_law takes one position: 1-D target_probs and draft_probs")
+    d = drafts.tolist() if isinstance(drafts, torch.Tensor) else list(drafts)
+    scheme = check_method(method, scheme, len(d))
+    method = normalize_method(method)
+    check_n(draft_probs, len(d), scheme)
+    p, q = to_float64(target_probs), to_float64(draft_probs)
+    _check_drafts(q, d, scheme)
+    law = torch.zeros_like(p)
+    if method in ("rrs", "rrs-without"):
+        alive, p_cur, q_cur = 1.0, p, q
+        for x in d:
+            a = min(1.0, float(p_cur[x] / q_cur[x]))
+            law[x] += alive * a
+            alive *= 1.0 - a
+            p_cur = residual(p_cur, q_cur)
+            if method == "rrs-without":
+                q_cur = q_cur.clone()
+                q_cur[x] = 0.0
+                q_cur = q_cur / q_cur.sum()
+        return law + alive * p_cur
+    if method == "k-seq":
+        _, accept, res = _kseq_parts(p, q, len(d), params.get("rho"))
+        alive = 1.0
+        for x in d:
+            law[x] += alive * float(accept[x])
+            alive *= 1.0 - float(accept[x])
+        return law + alive * res
+    if method == "greedy":
+        q_prime = greedy_residual_draft(q, len(d))
+        x = d[-1]
+        a = min(1.0, float(p[x] / q_prime[x]))
+        law[x] += a
+        return law + (1.0 - a) * _greedy_residual(p, q_prime)
+    if method == "spechub":
+        hub, x = d
+        out = torch.zeros_like(p)
+        for first, second, weight in ((hub, x, float(q[hub])), (x, hub, 1.0 - float(q[hub]))):
+            out += weight * _spechub_law(p, q, hub, first, second)
+        return out
+    coupling = _coupling(p, q, len(d), scheme)
+    rows = (coupling.tuples == torch.tensor(d)).all(1).nonzero()
+    if rows.numel() == 0:
+        raise ValueError(f"drafts {d} have probability 0 under the {scheme!r} scheme")
+    k = int(rows[0])
+    return coupling.plan[k] / coupling.plan[k].sum()
+
+
+def _greedy_residual(p: torch.Tensor, q_prime: torch.Tensor) -> torch.Tensor:
+    """norm(p − min(p, q')): keeps the full mass p(g) of every g in G (where q' = 0)."""
+    res = p - torch.minimum(p, q_prime)
+    mass = res.sum()
+    return res / mass if mass > 0 else p.clone()
+
+
+def _spechub_stage2(q: torch.Tensor, hub: int, first: int) -> torch.Tensor:
+    """Law of the second draft given the first: q' (q without the hub) after the hub, else δ_hub."""
+    if first == hub:
+        q2 = q.clone()
+        q2[hub] = 0.0
+        return q2 / q2.sum()
+    q2 = torch.zeros_like(q)
+    q2[hub] = 1.0
+    return q2
+
+
+def _spechub_law(p: torch.Tensor, q: torch.Tensor, hub: int, first: int, second: int) -> torch.Tensor:
+    law = torch.zeros_like(p)
+    a1 = min(1.0, float(p[first] / q[first]))
+    law[first] += a1
+    p2 = residual(p, q)
+    q2 = _spechub_stage2(q, hub, first)
+    a2 = min(1.0, float(p2[second] / q2[second]))
+    law[second] += (1.0 - a1) * a2
+    return law + (1.0 - a1) * (1.0 - a2) * residual(p2, q2)
+
+
+_COUPLINGS: dict[tuple, object] = {}
+
+
+def _coupling(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str):
+    """Optimal coupling for (p, q, n, scheme), memoised (the LP is solved once per distribution pair)."""
+    from specdec.lp import solve_coupling
+
+    if p.shape[-1] > 12:
+        raise ValueError(f"'lp-optimal' solves an LP over draft tuples: V <= 12 only, got V = {p.shape[-1]}")
+    key = (p.numpy().tobytes(), q.numpy().tobytes(), n, scheme)
+    if key not in _COUPLINGS:
+        if len(_COUPLINGS) > 256:
+            _COUPLINGS.clear()
+        _COUPLINGS[key] = solve_coupling(p, q, n, scheme)
+    return _COUPLINGS[key]
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling verifiers
+def verify(
+    target_probs: torch.Tensor,  # [..., V] p
+    draft_probs: torch.Tensor,  # [..., V] q
+    drafts: torch.Tensor,  # [..., n] long, from sample_drafts(draft_probs, n, scheme)
+    method: str,
+    generator: torch.Generator | None = None,
+    scheme: str | None = None,
+    **params,
+) -> VerifyResult:
+    """Run a lossless verifier on each row: returns the emitted token and accepted draft index.
+
+    `scheme` defaults to the method's own scheme (required for "lp-optimal"); `rho` (k-seq)
+    defaults to the smallest lossless value. ValueError on invalid probs/shapes/drafts or a method
+    that does not fit the scheme.
+    """
+    check_pair(target_probs, draft_probs)
+    if not isinstance(drafts, torch.Tensor) or drafts.dtype not in (torch.int64, torch.int32):
+        raise ValueError("drafts must be an integer torch.Tensor of shape [..., n]")
+    if drafts.dim() != target_probs.dim() or drafts.shape[:-1] != target_probs.shape[:-1]:
+        raise ValueError(
+            f"drafts {tuple(drafts.shape)} must have shape [..., n] matching probs {tuple(target_probs.shape)}"
+        )
+    n = drafts.shape[-1]
+    scheme = check_method(method, scheme, n)
+    method = normalize_method(method)
+    check_n(draft_probs, n, scheme)
+    v = target_probs.shape[-1]
+    ps = to_float64(target_probs).reshape(-1, v)
+    qs = to_float64(draft_probs).reshape(-1, v)
+    ds = drafts.reshape(-1, n).tolist()
+    tokens, indices = [], []
+    for p, q, d in zip(ps, qs, ds):
+        _check_drafts(q, d, scheme)
+        y = _VERIFY_ROW[method](p, q, d, generator, scheme, params)
+        tokens.append(y)
+        indices.append(_first_index(d, y))
+    shape = target_probs.shape[:-1]
+    return VerifyResult(torch.tensor(tokens, dtype=torch.long).reshape(shape), torch.tensor(indices, dtype=torch.long).reshape(shape))
+
+
+def _verify_rrs(p, q, d, gen, scheme, params) -> int:
+    p_cur, q_cur = p, q
+    for x in d:
+        if _uniform(gen) < float(p_cur[x] / q_cur[x]):
+            return x
+        p_cur = residual(p_cur, q_cur)
+        if scheme == "without":
+            q_cur = q_cur.clone()
+            q_cur[x] = 0.0
+            q_cur = q_cur / q_cur.sum()
+    return _sample(p_cur, gen)
+
+
+def _verify_kseq(p, q, d, gen, scheme, params) -> int:
+    _, accept, res = _kseq_parts(p, q, len(d), params.get("rho"))
+    for x in d:
+        if _uniform(gen) < float(accept[x]):
+            return x
+    return _sample(res, gen)
+
+
+def _verify_greedy(p, q, d, gen, scheme, params) -> int:
+    q_prime = greedy_residual_draft(q, len(d))
+    x = d[-1]
+    if _uniform(gen) < float(p[x] / q_prime[x]):
+        return x
+    return _sample(_greedy_residual(p, q_prime), gen)
+
+
+def _verify_spechub(p, q, d, gen, scheme, params) -> int:
+    hub, x = d
+    first, second = (hub, x) if _uniform(gen) < float(q[hub]) else (x, hub)
+    if _uniform(gen) < float(p[first] / q[first]):
+        return first
+    p2 = residual(p, q)
+    q2 = _spechub_stage2(q, hub, first)
+    if _uniform(gen) < float(p2[second] / q2[second]):
+        return second
+    return _sample(residual(p2, q2), gen)
+
+
+def _verify_lp(p, q, d, gen, scheme, params) -> int:
+    return _sample(output_law(p, q, d, "lp-optimal", scheme=scheme), gen)
+
+
+_VERIFY_ROW = {
+    "rrs": _verify_rrs,
+    "rrs-without": _verify_rrs,
+    "k-seq": _verify_kseq,
+    "greedy": _verify_greedy,
+    "spechub": _verify_spechub,
+    "lp-optimal": _verify_lp,
+}
