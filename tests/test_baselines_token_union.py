@@ -1,0 +1,216 @@
+"""Token-union (UniTE-style) baseline: fusion by string over different tokenizers, text invariants,
+greedy equality with a single member, batch invariance, option errors."""
+import pytest
+import torch
+
+from adafuse.errors import ConfigError
+from adafuse.member import KVState
+from adafuse.methods import token_union as tu
+from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
+
+PROMPTS = ["Question: how many clips?", "The quick"]
+
+
+def clean_bpe_member(arch="qwen2", seed=1, name="bpe"):
+    """A tiny BPE member whose head never emits partial-UTF-8 byte tokens (token-union cannot commit
+    those as text), so plain greedy decoding is comparable."""
+    m = tiny_member(arch, tokenizer=bpe_tokenizer(), seed=seed, name=name)
+    bad = [i for i in range(len(m.tokenizer)) if "\ufffd" in m.tokenizer.decode([i])]
+    old = m.model.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[bad] = -1e4
+    m.model.lm_head = head
+    return m
+
+
+def char_member(seed=0, name="char", arch="llama"):
+    return tiny_member(arch, tokenizer=char_tokenizer(), seed=seed, name=name)
+
+
+def run(members, prompts=PROMPTS, **kw):
+    args = dict(max_new_tokens=12, stop=[], temperature=0.0, seed=None, weights=None, lead=0, chat=None)
+    args.update(kw)
+    return tu.generate(members, prompts, **args)
+
+
+# ---- scripted distributions -------------------------------------------------------------------
+def token_of(member, text):
+    ids = member.encode(text)
+    assert len(ids) == 1 and member.tokenizer.decode(ids) == text, (member.name, text, ids)
+    return ids[0]
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Replace `KVState.next_probs` by scripted distributions {text: prob} per member name (a dict,
+    or a list with one dict per step); record each member's ids at every step."""
+    script: dict = {}
+    seen: dict = {}
+
+    def next_probs(self, temperature=1.0, top_k=0, top_p=1.0):
+        name = self.member.name
+        seen.setdefault(name, []).append([list(r) for r in self.ids])
+        spec = script[name]
+        spec = spec[min(len(seen[name]) - 1, len(spec) - 1)] if isinstance(spec, list) else spec
+        probs = torch.zeros(self.batch_size, self.member.vocab_size)
+        for text, p in spec.items():
+            tok = self.member.tokenizer.eos_token_id if text is None else token_of(self.member, text)
+            probs[:, tok] = p
+        return probs
+
+    monkeypatch.setattr(KVState, "next_probs", next_probs)
+    return script, seen
+
+
+# ---- fusion -----------------------------------------------------------------------------------
+def test_fuse_union_renormalises_and_weights():
+    fused = tu.fuse_union([[0.4, 0.4, 0.0], [0.1, 0.3, 0.6]], [1.0, 1.0])
+    assert fused == pytest.approx([0.3, 0.4, 0.3])
+    fused = tu.fuse_union([[0.4, 0.4, 0.0], [0.1, 0.3, 0.6]], [3.0, 1.0])
+    assert fused == pytest.approx([(3 * 0.5 + 0.1) / 4, (3 * 0.5 + 0.3) / 4, 0.6 / 4])
+    # a member with no mass on the union is left out
+    assert tu.fuse_union([[0.0, 0.0], [0.2, 0.6]], [1.0, 1.0]) == pytest.approx([0.25, 0.75])
+
+
+def test_picks_highest_averaged_probability(scripted):
+    script, _ = scripted
+    char, bpe = char_member(), clean_bpe_member()
+    # top-2 of char: a, b; top-2 of bpe: " cli", b; union {" cli", b, a}
+    script["char"] = {"a": 0.40, "b": 0.38, "c": 0.22}
+    script["bpe"] = {" cli": 0.45, "b": 0.40, "a": 0.15}
+    # char renormalised over the union: a .40/.78, b .38/.78, " cli" -> p(" ") = 0
+    # mean: a (.513 + .15)/2 = .332, b (.487 + .40)/2 = .444, " cli" .225 -> "b" (nobody's top-1)
+    out = run([char, bpe], prompts=["Q:"], max_new_tokens=1, lead=1, top_k=2)[0]
+    assert out.text == "b" and out.finish_reason == "length" and out.num_tokens == 1
+    step = out.trace["steps"][0]
+    assert step["piece"] == "b" and step["union"] == 3 and step["agree"] == 0
+    assert step["prob"] == pytest.approx((0.38 / 0.78 + 0.40) / 2, abs=1e-4)
+    # weights: only bpe counts -> its top-1
+    assert run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=2, weights=[0, 1])[0].text == " cli"
+    # top_k=1: union {" cli", a}: char a 1.0; bpe a .25, cli .75 -> a
+    assert run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=1)[0].text == "a"
+
+
+def test_missing_option_changes_the_choice(scripted):
+    script, _ = scripted
+    char, bpe = char_member(), clean_bpe_member()
+    script["char"] = {" ": 0.40, "a": 0.32, "b": 0.28}
+    script["bpe"] = {" cli": 0.50, "b": 0.30, "a": 0.20}
+    # first-token (UniTE): char's p(" cli") = p(" ") = .40 -> " cli" wins (.393 vs b .25)
+    out = run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=2)[0]
+    assert out.text == " cli"
+    # zero: char gives " cli" 0 -> b wins (.29 vs a .26, " cli" .25)
+    out = run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=2, missing="zero")[0]
+    assert out.text == "b"
+    assert out.trace["steps"][0]["prob"] == pytest.approx((0.28 + 0.30) / 2, abs=1e-4)
+
+
+PIECES = [" 1", "8", " cli", "ps", ",", "\n", "=", " t", "he", " an", "d", " =", "."]
+
+
+def force(member, text):
+    """A distribution putting .9 on `text` (or on the first token of the member's encoding of it)."""
+    ids = member.encode(text)
+    first = member.tokenizer.decode(ids[:1])
+    return {first: 0.9, "~": 0.1} if first != "~" else {first: 0.9, "!": 0.1}
+
+
+@pytest.mark.parametrize("lead", [0, 1])
+def test_text_is_concatenation_and_caches_follow_text(scripted, lead):
+    """Strings that are one token for BPE but several characters for the char member, and pieces a
+    BPE merge spans (" cli" + "ps" -> " clips", " t" + "he" -> " the"), are committed by text: the output is exactly the
+    concatenation of committed strings, and each non-lead cache equals a fresh encoding."""
+    script, seen = scripted
+    char, bpe = char_member(), clean_bpe_member()
+    members = [char, bpe]
+    for m in members:
+        script[m.name] = [force(m, p) for p in PIECES] + [{None: 1.0}]
+    outs = run(members, prompts=["Q:", "Answer: "], max_new_tokens=100, lead=lead)
+    for out in outs:
+        pieces = [s["piece"] for s in out.trace["steps"]]
+        assert pieces == PIECES + [None]
+        assert out.text == "".join(PIECES) and out.finish_reason == "eos"
+    for m_idx, m in enumerate(members):
+        for step, ids_rows in enumerate(seen[m.name]):
+            text = "".join(PIECES[:step])
+            for b, prompt in enumerate(["Q:", "Answer: "]):
+                prompt_ids = m.encode_prompt(prompt)
+                assert ids_rows[b][: len(prompt_ids)] == prompt_ids
+                mine = ids_rows[b][len(prompt_ids):]
+                if m_idx == lead:
+                    assert m.decode(mine) == text  # the lead keeps the tokens it committed
+                else:
+                    assert mine == (m.encode(text) if text else [])
+    assert outs[0].num_tokens == len(seen[members[lead].name][-1][0]) - len(members[lead].encode_prompt("Q:")) + 1
+
+
+def test_eos_and_stop(scripted):
+    script, seen = scripted
+    char, bpe = char_member(), clean_bpe_member()
+    script["char"] = [force(char, p) for p in PIECES]
+    script["bpe"] = [force(bpe, p) for p in PIECES]
+    out = run([char, bpe], ["Q:"], max_new_tokens=100, stop=["clips,"], lead=1)[0]
+    assert out.text == " 18 " and out.finish_reason == "stop"
+    seen.clear()  # restart the script
+    out = run([char, bpe], ["Q:"], max_new_tokens=3, lead=1)[0]
+    assert out.text == " 18 cli" and out.finish_reason == "length" and out.num_tokens == 3
+
+
+# ---- real (tiny) forwards ---------------------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda: char_member(0), lambda: clean_bpe_member("qwen2", 1),
+                                  lambda: clean_bpe_member("gemma3", 3)], ids=["char-llama", "bpe-qwen2", "bpe-gemma3"])
+def test_single_member_equals_its_own_greedy(make):
+    m = make()
+    ref = m.generate(PROMPTS, max_new_tokens=24, temperature=0)
+    got = run([m], max_new_tokens=24)
+    for r, g in zip(ref, got):
+        assert (g.text, g.num_tokens, g.finish_reason) == (r.text, r.num_tokens, r.finish_reason)
+        assert g.text == "".join(s["piece"] for s in g.trace["steps"])
+        assert g.cost.forward_passes == r.cost.forward_passes
+    # with a stop string taken from the greedy text
+    stop = ref[0].text[6:8]
+    ref = m.generate(PROMPTS, max_new_tokens=24, temperature=0, stop=[stop])
+    got = run([m], max_new_tokens=24, stop=[stop])
+    assert [(g.text, g.finish_reason) for g in got] == [(r.text, r.finish_reason) for r in ref]
+
+
+@pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.9, 7)])
+def test_batched_equals_per_row(temperature, seed):
+    members = [char_member(0), clean_bpe_member("qwen2", 1)]
+    batched = run(members, max_new_tokens=10, temperature=temperature, seed=seed, lead=1)
+    for b, prompt in enumerate(PROMPTS):
+        single = run(members, prompts=[prompt], max_new_tokens=10, temperature=temperature,
+                     seed=None if seed is None else seed + b, lead=1)[0]
+        assert (single.text, single.num_tokens, single.finish_reason) == \
+            (batched[b].text, batched[b].num_tokens, batched[b].finish_reason)
+        assert batched[b].text == "".join(s["piece"] for s in batched[b].trace["steps"])
+    assert set(batched[0].cost.forward_passes) == {"char", "bpe"}
+    assert batched[0].cost.wall_time_s > 0
+
+
+def test_seeded_sampling_is_reproducible_and_temperature_matters():
+    members = [char_member(0), clean_bpe_member("qwen2", 1)]
+    a = run(members, max_new_tokens=10, temperature=1.0, seed=3)
+    b = run(members, max_new_tokens=10, temperature=1.0, seed=3)
+    greedy = run(members, max_new_tokens=10)
+    assert [o.text for o in a] == [o.text for o in b]
+    assert [o.text for o in a] != [o.text for o in greedy]
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(beam=2), "unknown option 'beam'"),
+    (dict(top_k=0), "top_k"),
+    (dict(missing="mean"), "missing"),
+    (dict(weights=[1.0]), "weights"),
+    (dict(weights=[-1.0, 2.0]), "weights"),
+    (dict(lead=2), "lead"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+])
+def test_bad_options(kw, match):
+    members = [char_member(0), char_member(1, name="char1")]
+    with pytest.raises(ConfigError, match=match):
+        run(members, **kw)
