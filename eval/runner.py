@@ -44,8 +44,8 @@ def read_predictions(path: Path) -> list[dict]:
         for line in f:
             try:
                 rec = json.loads(line)
-                if not line.endswith("\n"):
-                    raise ValueError("torn line")
+                if not line.endswith("\n") or not isinstance(rec, dict) or "id" not in rec:
+                    raise ValueError("torn or foreign line")
             except ValueError:
                 dirty = True
                 continue
