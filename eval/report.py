@@ -69,6 +69,8 @@ def plot(rows: list[dict[str, Any]], path: str | Path, cost: str = "wall_s") -> 
     key = {"forward_passes": "forward_passes_per_example", "wall_s": "wall_s_per_example",
            "tokens_processed": "tokens_processed_per_example"}[cost]
     tasks = sorted({r["task"] for r in rows})
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    colors = {run: plt.get_cmap("tab10")(i % 10) for i, run in enumerate(runs)}  # one colour per run everywhere
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for r in (r for r in rows if r["task"] == task):
@@ -76,7 +78,7 @@ def plot(rows: list[dict[str, Any]], path: str | Path, cost: str = "wall_s") -> 
             if x is None or y is None or math.isnan(y):
                 continue
             lo, hi = r.get("ci95") or [y, y]
-            ax.errorbar([x], [y], yerr=[[max(y - lo, 0)], [max(hi - y, 0)]], fmt="o", capsize=3)
+            ax.errorbar([x], [y], yerr=[[max(y - lo, 0)], [max(hi - y, 0)]], fmt="o", capsize=3, color=colors[r["run"]])
             ax.annotate(r["run"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         ax.set_title(task)
         ax.set_xlabel(COST_AXES[cost])
