@@ -170,12 +170,11 @@ class ModelDrafter(Drafter):
             toks = [t.tokens[1:] for t in trees]
             pars = [[p - 1 for p in t.parents[1:]] for t in trees]  # tree index i -> forward index i-1
             logits = st.forward_tree(toks, pars)
-            for b in range(B):
-                if frontier[b]:
-                    idx = torch.tensor(frontier[b]) - 1
-                    qs = self._probs(logits[b, idx], temperature, top_k, top_p)
-                    for j, node in enumerate(frontier[b]):
-                        node_q[b][node] = qs[j]
+            rows = [b for b in range(B) for _ in frontier[b]]
+            cols = [node - 1 for b in range(B) for node in frontier[b]]
+            qs = self._probs(logits[rows, cols], temperature, top_k, top_p)  # one warp for all rows
+            for j, (b, node) in enumerate(zip(rows, (n for b in range(B) for n in frontier[b]))):
+                node_q[b][node] = qs[j]
         return trees
 
 

@@ -39,7 +39,7 @@ def _math_layer_verify():
 
 def default_verifier(scheme: str) -> str:
     """The lossless verifier each draft scheme is meant for."""
-    return {"with": "rrs", "without": "rrs_without", "greedy": "greedy"}[scheme]
+    return {"with": "rrs", "without": "rrs-without", "greedy": "greedy"}[scheme]
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor | None:
@@ -80,7 +80,8 @@ def local_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: 
         y = _draw(r / r.sum(), generator)
         idx = g.index(y) if y in g else None
         return y, idx
-    if method in ("rrs", "rrs_without"):
+    method = method.replace("_", "-")
+    if method in ("rrs", "rrs-without"):
         for i, x in enumerate(drafts):
             x = int(x)
             if q[x] > 0 and _u(generator) < min(1.0, float(p[x] / q[x])):
@@ -89,7 +90,7 @@ def local_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: 
             if r is None:
                 break
             p = r
-            if method == "rrs_without":
+            if method == "rrs-without":
                 q = q.clone()
                 q[x] = 0
                 if q.sum() <= 0:
@@ -99,14 +100,14 @@ def local_verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: 
     raise ValueError(f"unknown local verifier {method!r}")
 
 
-def make_verify(method: str, params: dict) -> Callable:
+def make_verify(method: str, scheme: str, params: dict) -> Callable:
     """(target_probs [V], draft_probs [V], drafts [n], generator) -> (token, accepted index or None)."""
     verify = _math_layer_verify()
 
     def run(p, q, drafts, gen):
         if verify is None:
             return local_verify(p, q, drafts, method, gen)
-        out = verify(p, q, torch.as_tensor(list(drafts), dtype=torch.long), method, gen, **params)
+        out = verify(p, q, torch.as_tensor(list(drafts), dtype=torch.long), method, gen, scheme=scheme, **params)
         token, idx = (out[0], out[1]) if isinstance(out, (tuple, list)) else (out.token, out.index)
         token = int(token)
         idx = None if idx is None or int(idx) < 0 else int(idx)
@@ -177,7 +178,7 @@ class SpeculativeGenerator:
         self.verifier = verifier or default_verifier(scheme)
         self.verifier_params = verifier_params
         self.track_alpha = track_alpha
-        self._verify = make_verify(self.verifier, verifier_params)
+        self._verify = make_verify(self.verifier, scheme, verifier_params)
         if drafter is not None:
             drafter.bind(target)
         self.last_stats: list[RowStats] = []
@@ -268,12 +269,17 @@ class SpeculativeGenerator:
             if any(f[0] for f in fw):
                 logits = state.forward_tree([f[0] for f in fw], [f[1] for f in fw])
             paths: list[list[int]] = [[] for _ in range(B)]
+            root_p = None
+            if temperature > 0:  # every row visits its root: warp all roots at once
+                roots = torch.stack([state.last_logits[b] if fw[b][2][0] < 0 or logits is None
+                                     else logits[b, fw[b][2][0]] for b in range(B)])
+                root_p = logits_to_probs(roots, temperature, top_k, top_p)
             for b in range(B):
                 if done[b]:
                     continue
                 tree, index = trees[b], fw[b][2]
                 accepted, final = self._walk(b, tree, index, logits, state, temperature, top_k, top_p, gens[b],
-                                             stats[b], room[b])
+                                             stats[b], room[b], None if root_p is None else root_p[b])
                 stats[b].steps += 1
                 stats[b].tree_nodes += tree.num_drafted
                 path = [index[0]] if pending[b] is not None else []
@@ -299,7 +305,7 @@ class SpeculativeGenerator:
         return new
 
     def _walk(self, b: int, tree: DraftTree, index: list[int], logits, state: KVState, temperature, top_k, top_p,
-              gen, st: RowStats, room: int) -> tuple[list[int], int]:
+              gen, st: RowStats, room: int, root_p: torch.Tensor | None = None) -> tuple[list[int], int]:
         """Verify row b's tree from the root. Returns (accepted node indices, final token)."""
         node, accepted = 0, []
         while True:
@@ -317,7 +323,7 @@ class SpeculativeGenerator:
                     node = kids[y]
                     continue
                 return accepted, y
-            p = logits_to_probs(raw, temperature, top_k, top_p)
+            p = root_p if node == 0 and root_p is not None else logits_to_probs(raw, temperature, top_k, top_p)
             if not kids:
                 return accepted, int(torch.multinomial(p, 1, generator=gen))
             if tree.draft_probs[node] is None:  # deterministic drafts
