@@ -214,3 +214,27 @@ def test_bad_options(kw, match):
     members = [char_member(0), char_member(1, name="char1")]
     with pytest.raises(ConfigError, match=match):
         run(members, **kw)
+
+
+def test_union_keys_normalise_the_leading_space_marker():
+    """Byte-level "Ġcli" and SentencePiece "▁The" both key as text with a real leading space, also
+    for SentencePiece decoders that strip the marker off a lone token."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "</s>": 1, "\u2581The": 2, "The": 3, "\u2581is": 4, "\u2581": 5}
+    sp = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    sp.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    sp.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    sp = PreTrainedTokenizerFast(tokenizer_object=sp, eos_token="</s>", unk_token="<unk>")
+    assert sp.decode([2]) == "The"  # the decoder strips it: the key must not
+    stub = SimpleNamespace(tokenizer=sp, eos_token_ids={1}, encode=lambda t: sp(t, add_special_tokens=False)["input_ids"])
+    keys = tu._Vocab(stub)
+    assert [keys.key(i) for i in range(1, 6)] == [tu.EOS, " The", "The", " is", " "]
+    bpe = tiny_member("llama", tokenizer=bpe_tokenizer(), seed=0)
+    v = tu._Vocab(bpe)
+    cli = bpe.encode(" cli")[0]
+    assert bpe.tokenizer.convert_ids_to_tokens(cli) == "\u0120cli" and v.key(cli) == " cli"
+    assert v.find(" cli") == (cli, cli) and v.find(" clipsx")[0] is None

@@ -69,8 +69,11 @@ def check_call(method: str, members: Sequence[Member], prompts: Sequence[str], m
 
 def batch_cost(members: Sequence[Member], snaps: Sequence[tuple[int, int]], wall: float) -> Cost:
     cost = Cost(wall_time_s=wall)
+    seen: set[int] = set()
     for m, snap in zip(members, snaps):
-        cost.merge(m.cost_since(snap))
+        if id(m) not in seen:  # the same Member passed twice shares one counter
+            seen.add(id(m))
+            cost.merge(m.cost_since(snap))
     return cost
 
 
@@ -109,6 +112,9 @@ class _Vocab:
         text = self.texts.get(token)
         if text is None:
             text = self.member.tokenizer.decode([token], skip_special_tokens=False)
+            piece = self.member.tokenizer.convert_ids_to_tokens(token)
+            if isinstance(piece, str) and piece.startswith("\u2581") and not text.startswith(" "):
+                text = " " + text  # SentencePiece decoders that strip a leading "▁" from a lone token
             self.texts[token] = text
         return "" if "\ufffd" in text else text
 
