@@ -68,7 +68,8 @@ def test_answers_scores_and_choice(pair, mode):
                 hit = [a for a in answers if a["text"] == g[b].text and a["finish"] == g[b].finish_reason]
                 assert len(hit) == 1 and m.name in hit[0]["by"]
             # each member's score equals a fresh full forward; choice = best weighted mean
-            ref = torch.tensor([[ref_score(m, PROMPTS[b], a["text"], a["finish"], mode) for a in answers] for m in pair])
+            ref = torch.tensor([[ref_score(m, PROMPTS[b], a["text"] + a["stop"], a["finish"], mode) for a in answers]
+                                for m in pair])
             got = torch.tensor([a["scores"] for a in answers]).T
             torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)
             mean = combine_scores(ref, weights)
@@ -100,6 +101,18 @@ def test_empty_answer_pays_for_its_end_token(pair):
     assert empty[0]["scores"][0] == pytest.approx(0.0, abs=1e-3)
     assert empty[0]["scores"][1] == pytest.approx(ref_score(pair[1], PROMPTS[0], "", "eos", "byte"), abs=2e-4)
     assert empty[0]["scores"][1] < -0.5
+
+
+def test_stop_ended_answers_score_their_stop_string(pair):
+    greedy = pair[0].generate(PROMPTS[:1], max_new_tokens=10, temperature=0)[0].text
+    stop = greedy[2:4]
+    out = run(pair, prompts=PROMPTS[:1], stop=["@@", stop])[0]
+    ended = [a for a in out.trace["answers"] if a["finish"] == "stop"]
+    assert ended and all(a["stop"] == stop for a in ended)
+    assert ended[0]["text"] == greedy[:2] and "char" in ended[0]["by"]
+    for a in out.trace["answers"]:
+        ref = [ref_score(m, PROMPTS[0], a["text"] + a["stop"], a["finish"], "byte") for m in pair]
+        assert a["scores"] == pytest.approx(ref, abs=2e-4)
 
 
 def test_sampling_is_seeded_and_batch_invariant(pair):

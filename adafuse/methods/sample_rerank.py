@@ -5,13 +5,13 @@ answer, the best cross-member mean normalised log-likelihood wins.
    allows one sample; seeded sampling otherwise: row b of (member m, sample j) draws from a
    generator seeded `seed + 1_000_003 * (m * n + j) + b`, so batched runs equal per-row runs with
    `seed + b`). All B x n rows of a member share one KV state. Answers are deduplicated by (text,
-   ended at EOS), the lead member's first.
+   how they ended), the lead member's first.
 2. The member's state is rolled back to the prompt and it scores every distinct answer of every
    row in one batched forward (`KVState.score`: answers are branches of a tree after the prompt; the
    prompt is not re-encoded): the log-probability of the answer in the member's own tokenisation,
-   plus the member's end token when the answer ended at EOS (so an empty answer is not free),
-   normalised per `normalise` ("byte" default, "token", "char", "sum"; `adafuse.scoring`) over the
-   answer text.
+   plus how it ended: the stop string it stopped at, or the member's end token when it ended at EOS
+   (so an empty answer is not free), normalised per `normalise` ("byte" default, "token", "char",
+   "sum"; `adafuse.scoring`) over the answer text plus its stop string.
 3. Scores are averaged across members with the weights; the argmax (first on ties) is returned.
    The trace lists every answer, who wrote it, how it ended and each member's score.
 """
@@ -73,6 +73,12 @@ def decode(member: Member, state, generators, temperature: float, stop: Sequence
     return texts, finish, new_ids
 
 
+def matched_stop(member: Member, new_ids: Sequence[int], text: str, stop: Sequence[str]) -> str:
+    """The stop string a row ended at (the one `check_finished` cut at)."""
+    raw = member.decode(new_ids)
+    return next((s for s in stop if raw.find(s) == len(text)), "")
+
+
 @torch.no_grad()
 def generate(
     members: Sequence[Member],
@@ -105,7 +111,7 @@ def generate(
 
     # 1. answers: each member decodes its B x n rows on one KV state, kept for scoring afterwards
     answers: list[list[dict]] = [[] for _ in range(B)]  # per row, distinct {"text", "finish", "by", "tokens"}
-    index: list[dict[tuple[str, bool], int]] = [{} for _ in range(B)]
+    index: list[dict[tuple[str, bool, str], int]] = [{} for _ in range(B)]
     states = {}
     for m in order:
         member = members[m]
@@ -117,17 +123,18 @@ def generate(
             gens = [torch.Generator(device=member.device).manual_seed(int(seed) + SEED_STRIDE * (m * n + j) + b)
                     for b, j in rows]
         texts, finish, new_ids = decode(member, state, gens, temperature, stop, max_new_tokens)
+        ends = [matched_stop(member, ids, text, stop) if f == "stop" else "" for ids, text, f in zip(new_ids, texts, finish)]
         state.rollback([len(prompt_ids[b]) for b, _ in rows])
         states[m] = state
         for r, (b, j) in enumerate(rows):
-            key = (texts[r], finish[r] == "eos")
+            key = (texts[r], finish[r] == "eos", ends[r])
             if key not in index[b]:
                 index[b][key] = len(answers[b])
-                answers[b].append({"text": texts[r], "finish": finish[r], "by": [],
+                answers[b].append({"text": texts[r], "finish": finish[r], "stop": ends[r], "by": [],
                                    "tokens": len(new_ids[r]) if m == lead else None})
             answers[b][index[b][key]]["by"].append(f"{member.name}#{j}" if n > 1 else member.name)
 
-    # 2. every member scores every answer (text, plus its end token when the answer ended at EOS):
+    # 2. every member scores every answer (text, plus its stop string or its end token: how it ended):
     #    all rows and answers in one forward per member, on the state its own decoding left
     scores = [torch.zeros(M, len(answers[b])) for b in range(B)]  # per row [M, C]
     for m, member in enumerate(members):
@@ -136,7 +143,7 @@ def generate(
         for b in range(B):
             row = []
             for a in answers[b]:
-                ids = member.encode(a["text"]) if a["text"] else []
+                ids = member.encode(a["text"] + a["stop"]) if a["text"] + a["stop"] else []
                 if a["finish"] == "eos" and eos is not None:
                     ids = ids + [eos]
                 row.append(ids)
@@ -145,7 +152,7 @@ def generate(
         logprobs = states.pop(m).score(conts)
         for b in range(B):
             for c, a in enumerate(answers[b]):
-                scores[b][m, c] = normalised_score(logprobs[b * n][c], a["text"], mode)
+                scores[b][m, c] = normalised_score(logprobs[b * n][c], a["text"] + a["stop"], mode)
 
     # 3. choose
     w = torch.tensor(weights, dtype=torch.float32)
@@ -163,7 +170,7 @@ def generate(
         out.trace = {
             "method": METHOD, "normalise": mode, "samples_per_member": n, "chosen": best,
             "members": [mm.name for mm in members],
-            "answers": [{"text": x["text"], "finish": x["finish"], "by": x["by"],
+            "answers": [{"text": x["text"], "finish": x["finish"], "stop": x["stop"], "by": x["by"],
                          "scores": [round(float(s), 4) for s in scores[b][:, c]], "mean": round(float(mean[c]), 4)}
                         for c, x in enumerate(answers[b])],
         }
