@@ -119,7 +119,7 @@ def _cache_key(args, dataset: str, text: str) -> str:
 def _score(member, prompt_ids: list[int], continuation: list[int]) -> torch.Tensor:
     """Next-token logits [L, V] at each continuation position: one prefill + one forward."""
     state = member.start([prompt_ids])
-    first = state.last_logits[0:1].float()
+    first = state.last_logits[0:1].float().clone()  # append() updates last_logits in place
     if len(continuation) > 1:
         rest = state.append([continuation[:-1]])[0, : len(continuation) - 1].float()
         return torch.cat([first, rest])
