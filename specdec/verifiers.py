@@ -205,11 +205,15 @@ def output_law(
         for first, second, weight in ((hub, x, float(q[hub])), (x, hub, 1.0 - float(q[hub]))):
             out += weight * _spechub_law(p, q, hub, first, second)
         return out
-    coupling = _coupling(p, q, len(d), scheme)
-    rows = (coupling.tuples == torch.tensor(d)).all(1).nonzero()
-    if rows.numel() == 0:
+    return _lp_row(p, q, d, scheme)
+
+
+def _lp_row(p: torch.Tensor, q: torch.Tensor, d: list[int], scheme: str) -> torch.Tensor:
+    """P(y = · | drafts = d) under the optimal coupling (checked inputs, float64)."""
+    coupling, index = _coupling(p, q, len(d), scheme)
+    k = index.get(tuple(d))
+    if k is None:
         raise ValueError(f"drafts {d} have probability 0 under the {scheme!r} scheme")
-    k = int(rows[0])
     return coupling.plan[k] / coupling.plan[k].sum()
 
 
@@ -255,7 +259,8 @@ def _coupling(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str):
     if key not in _COUPLINGS:
         if len(_COUPLINGS) > 256:
             _COUPLINGS.clear()
-        _COUPLINGS[key] = solve_coupling(p, q, n, scheme)
+        coupling = solve_coupling(p, q, n, scheme)
+        _COUPLINGS[key] = (coupling, {tuple(t): k for k, t in enumerate(coupling.tuples.tolist())})
     return _COUPLINGS[key]
 
 
@@ -343,7 +348,7 @@ def _verify_spechub(p, q, d, gen, scheme, params) -> int:
 
 
 def _verify_lp(p, q, d, gen, scheme, params) -> int:
-    return _sample(output_law(p, q, d, "lp-optimal", scheme=scheme), gen)
+    return _sample(_lp_row(p, q, d, scheme), gen)
 
 
 _VERIFY_ROW = {
