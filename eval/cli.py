@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default=None, help="comma-separated subset of the config's tasks")
     parser.add_argument("--runs", default=None, help="comma-separated subset of the config's runs")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+    parser.add_argument("--write_out", action="store_true", help="print each task's first prompt and stop strings before running")
 
 
 def _subset(items: list, wanted: str | None, what: str, source: str) -> list:
@@ -41,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
                       batch_size=args.batch_size, data_dir=args.data_dir)
     cfg.tasks = _subset(cfg.tasks, args.tasks, "task", args.config)
     cfg.runs = _subset(cfg.runs, args.runs, "run", args.config)
+    if args.write_out:
+        _write_out(cfg)
     try:
         results = evaluate(cfg, progress=not args.no_progress, log=lambda s: print(s, file=sys.stderr))
     except KeyboardInterrupt:
@@ -51,3 +54,16 @@ def run(args: argparse.Namespace) -> int:
     png = plot(results, f"{cfg.output_path}/report.png")
     print(f"\nresults: {cfg.output_path}  plot: {png}")
     return 0
+
+
+def _write_out(cfg) -> None:
+    """lm-eval's --write_out: show what the models will see."""
+    from eval.data import resolve_data_dir
+
+    data_dir = resolve_data_dir(cfg.data_dir)
+    for spec in cfg.tasks:
+        docs, shots = spec.task.load(data_dir)
+        print(f"===== {spec.name} (v{spec.task.version}, {spec.task.num_fewshot}-shot, until={spec.task.until!r}, "
+              f"max_new_tokens={spec.max_new_tokens}) first prompt =====", file=sys.stderr)
+        print(spec.task.prompt(docs[0], shots), file=sys.stderr)
+        print(f"===== gold: {docs[0]['gold']!r}", file=sys.stderr)

@@ -147,8 +147,10 @@ def test_cli_eval_and_report(tmp_path: Path, data: Path, capsys: pytest.CaptureF
         {"name": "b", "method": "fake", "members": ["m1", "m2"], "options": {"mode": "echo"}}])))
     out = tmp_path / "cli_out"
     assert adafuse_main(["eval", str(cfg_path), "--limit", "3", "--output_path", str(out), "--seed", "1",
-                         "--batch_size", "2", "--data_dir", str(data), "--no_progress"]) == 0
-    printed = capsys.readouterr().out
+                         "--batch_size", "2", "--data_dir", str(data), "--no_progress", "--write_out"]) == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "===== gsm8k" in captured.err and "Question: What is twice 1?\nAnswer:" in captured.err
     assert "| gsm8k | a | fake | m1 | 3 |" in printed and "| nq_open | b |" in printed
     assert (out / "report.png").stat().st_size > 0 and not (tmp_path / "ignored").exists()
     png = tmp_path / "plot.png"
