@@ -25,6 +25,7 @@ committed as text and are left out of the union.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -129,6 +130,18 @@ class _Vocab:
         return hit
 
 
+_VOCABS: "weakref.WeakKeyDictionary[Member, _Vocab]" = weakref.WeakKeyDictionary()
+
+
+def vocab_of(member: Member) -> _Vocab:
+    """The member's `_Vocab`, kept across calls (decoded texts and lookups are pure functions of its
+    tokenizer)."""
+    v = _VOCABS.get(member)
+    if v is None:
+        v = _VOCABS[member] = _Vocab(member)
+    return v
+
+
 def _member_prob(vocab: _Vocab, probs: torch.Tensor, top: dict, key, missing: str) -> tuple[float, int | None]:
     """(probability, token) of union key `key` for one member; `top` maps its top-k keys to
     (prob, token). probs: [V] this member's distribution for the row."""
@@ -222,7 +235,7 @@ def generate(
     B, M = len(prompts), len(members)
     gens = make_generators(B, seed, "cpu")
     mts = [MemberText(m, prompts, chat) for m in members]
-    vocabs = [_Vocab(m) for m in members]
+    vocabs = [vocab_of(m) for m in members]
     warm_t = 1.0 if temperature == 0 else float(temperature)
 
     texts = ["" for _ in range(B)]
