@@ -160,6 +160,8 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
                     bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
     finally:
         bar.close()
+    order = {d["id"]: i for i, d in enumerate(docs)}
+    records.sort(key=lambda r: order[r["id"]])  # same order (and bootstrap draws) whether resumed or not
     metrics = summarize(run, spec, records, bootstrap=bootstrap, seed=seed)
     _write_json_atomic(folder / METRICS, metrics)
     return metrics
