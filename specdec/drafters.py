@@ -36,10 +36,16 @@ class Drafter:
     def reset(self) -> None:
         """Forget any cached state (a new batch starts)."""
 
-    def draft(self, contexts: Sequence[Sequence[int] | None], *, scheme: str, num_drafts: int, depth: int,
+    def draft(self, contexts: Sequence[Sequence[int] | None], *, scheme: str, num_drafts: int,
+              depth: int | Sequence[int],
               node_budget: int | None, temperature: float, top_k: int, top_p: float,
               generators: list[torch.Generator | None]) -> list[DraftTree]:
         raise NotImplementedError
+
+
+def per_row(depth: int | Sequence[int], batch_size: int) -> list[int]:
+    """A depth per row (the engine caps each row's depth by the tokens it may still emit)."""
+    return [int(depth)] * batch_size if isinstance(depth, int) else [int(d) for d in depth]
 
 
 def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -134,6 +140,8 @@ class ModelDrafter(Drafter):
     @torch.no_grad()
     def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators):
         B = len(contexts)
+        row_depth = per_row(depth, B)
+        depth = max(row_depth, default=0)
         active = self.sync(contexts)
         trees = [DraftTree() for _ in range(B)]
         if depth < 1 or not any(active):
@@ -148,10 +156,10 @@ class ModelDrafter(Drafter):
         for level in range(depth):
             new_frontier: list[list[int]] = [[] for _ in range(B)]
             for b in range(B):
-                cands = frontier[b]
+                cands = frontier[b] if level < row_depth[b] else []
                 if node_budget:
                     cands = sorted(cands, key=lambda i: -trees[b].path_prob[i])
-                levels_left = depth - level
+                levels_left = max(row_depth[b] - level, 1)
                 allow = budget_left[b] if not node_budget else max(num_drafts, budget_left[b] // levels_left)
                 for node in cands:
                     if allow <= 0 or budget_left[b] <= 0:
@@ -217,8 +225,10 @@ class PromptLookupDrafter(Drafter):
 
     def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators):
         n = self.num_drafts or num_drafts
-        k = self.depth or depth
-        return [tree_from_sequences(self.continuations(c, n, k)) if c else DraftTree() for c in contexts]
+        depths = per_row(depth, len(contexts))
+        ks = [min(self.depth, d) if self.depth else d for d in depths]
+        return [tree_from_sequences(self.continuations(c, n, k)) if c and k > 0 else DraftTree()
+                for c, k in zip(contexts, ks)]
 
 
 class HybridDrafter(Drafter):

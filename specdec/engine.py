@@ -257,8 +257,8 @@ class SpeculativeGenerator:
             contexts = [None if done[b] else state.ids[b] + ([pending[b]] if pending[b] is not None else [])
                         for b in range(B)]
             room = [max_new_tokens - len(new[b]) for b in range(B)]
-            depth = max(0, min(self.depth, max(room) - 1))
-            if self.drafter is not None and depth > 0:
+            depth = [max(0, min(self.depth, r - 1)) if not done[b] else 0 for b, r in enumerate(room)]
+            if self.drafter is not None and max(depth) > 0:
                 trees = self.drafter.draft(contexts, scheme=self.scheme, num_drafts=self.num_drafts, depth=depth,
                                            node_budget=self.node_budget, temperature=temperature, top_k=top_k,
                                            top_p=top_p, generators=gens)

@@ -1,0 +1,156 @@
+"""Speculative engine: greedy equality per drafter/scheme, batching and seeding, `decode` on an existing
+state, stop strings, tokenizer mismatch; one slow end-to-end test on the real smollm2-135m."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from adafuse.errors import TokenizerMismatchError
+from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
+from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.engine import SpeculativeGenerator
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread avoids OpenMP wake-up costs on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+PROMPTS = ["The quick brown fox jumps", "How many clips did Natalia sell", "1 + 2 ="]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tok = bpe_tokenizer()
+    return tiny_member("llama", tokenizer=tok, seed=0), tiny_member("llama", tokenizer=tok, seed=7)
+
+
+def drafters(target, other):
+    return {
+        "perfect": ModelDrafter(target),   # the target itself: everything is accepted
+        "random": ModelDrafter(other),     # an unrelated random model: almost nothing is
+        "lookup": PromptLookupDrafter(),
+        "hybrid": HybridDrafter(ModelDrafter(other), min_match=1),
+    }
+
+
+@pytest.mark.parametrize("which", ["perfect", "random", "lookup", "hybrid"])
+@pytest.mark.parametrize("scheme,n,depth,budget", [("greedy", 2, 3, None), ("without", 3, 2, 5)])
+def test_greedy_equals_target_greedy(pair, which, scheme, n, depth, budget):
+    target, other = pair
+    ref = target.generate(PROMPTS, max_new_tokens=24)
+    g = SpeculativeGenerator(target, drafters(target, other)[which], scheme=scheme, num_drafts=n, depth=depth,
+                             node_budget=budget)
+    outs = g.generate(PROMPTS, max_new_tokens=24)
+    assert [o.text for o in outs] == [r.text for r in ref]
+    assert [o.num_tokens for o in outs] == [r.num_tokens for r in ref]
+    assert [o.finish_reason for o in outs] == [r.finish_reason for r in ref]
+    st = outs[0].stats
+    assert st["block_efficiency"] >= 1.0
+    if which == "perfect":
+        assert all(a == 1.0 for a in st["acceptance_by_depth"])
+        assert st["block_efficiency"] > 2
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_greedy_equality_other_archs_and_plain_path(arch):
+    tok = char_tokenizer()
+    target, other = tiny_member(arch, tokenizer=tok, seed=1), tiny_member(arch, tokenizer=tok, seed=2)
+    ref = [o.text for o in target.generate(PROMPTS, max_new_tokens=30)]
+    for drafter in (None, ModelDrafter(other), ModelDrafter(target), PromptLookupDrafter()):
+        g = SpeculativeGenerator(target, drafter, num_drafts=2, depth=3)
+        assert [o.text for o in g.generate(PROMPTS, max_new_tokens=30)] == ref
+
+
+def test_sampling_batched_equals_per_row_and_is_seeded(pair):
+    target, other = pair
+    g = SpeculativeGenerator(target, ModelDrafter(other), scheme="without", num_drafts=2, depth=2)
+    kw = dict(max_new_tokens=16, temperature=1.0, top_k=50, top_p=0.95)
+    both = g.generate(PROMPTS[:2], seed=11, **kw)
+    again = g.generate(PROMPTS[:2], seed=11, **kw)
+    assert [o.text for o in both] == [o.text for o in again]
+    for i, p in enumerate(PROMPTS[:2]):
+        assert g.generate([p], seed=11 + i, **kw)[0].text == both[i].text
+
+
+def test_stop_strings_and_max_tokens(pair):
+    target, _ = pair
+    free = target.generate(["The quick brown"], max_new_tokens=20)[0].text
+    stop = free[3:6]
+    want = target.generate(["The quick brown"], max_new_tokens=20, stop=[stop])[0]
+    g = SpeculativeGenerator(target, ModelDrafter(target), num_drafts=2, depth=4)
+    got = g.generate(["The quick brown"], max_new_tokens=20, stop=[stop])[0]
+    assert (got.text, got.finish_reason) == (want.text, "stop")
+    assert g.generate(["The quick brown"], max_new_tokens=5)[0].num_tokens == 5
+
+
+def test_decode_continues_an_existing_state(pair):
+    """decode() commits exactly the returned tokens, truncates at stop_fn, and re-syncs the drafter
+    after someone else rolled the state back or extended it."""
+    target, other = pair
+    ids = [target.encode_prompt(p) for p in PROMPTS[:2]]
+    ref_state = target.start(ids)
+    ref = [[], []]
+    for _ in range(12):
+        toks = ref_state.next_probs(0.0).argmax(-1).tolist()
+        for b in range(2):
+            ref[b].append(toks[b])
+        ref_state.append([[t] for t in toks])
+    g = SpeculativeGenerator(target, ModelDrafter(other), num_drafts=2, depth=3)
+    state = target.start(ids)
+    out = g.decode(state, 5, stop_at_eos=False)
+    assert out == [r[:5] for r in ref]
+    assert state.ids == [i + r[:5] for i, r in zip(ids, ref)]
+    torch.testing.assert_close(state.last_logits, ref_state.member.start([i + r[:5] for i, r in zip(ids, ref)]).last_logits,
+                               atol=1e-4, rtol=1e-4)
+    # someone else rolls row 0 back by 2 and extends row 1 by its next greedy token
+    state.rollback([len(ids[0]) + 3, len(ids[1]) + 5])
+    state.append([[], [ref[1][5]]])
+    out = g.decode(state, 4, stop_fn=lambda b, new: b == 0 and len(new) == 2, stop_at_eos=False)
+    assert out[0] == ref[0][3:5] and out[1] == ref[1][6:10]
+    assert state.ids[0] == ids[0] + ref[0][:5] and state.ids[1] == ids[1] + ref[1][:10]
+
+
+def test_tokenizer_mismatch_is_one_clear_line():
+    target = tiny_member("llama", tokenizer=char_tokenizer(), name="char-target")
+    drafter = tiny_member("llama", tokenizer=bpe_tokenizer(), name="bpe-drafter")
+    with pytest.raises(TokenizerMismatchError) as err:
+        SpeculativeGenerator(target, ModelDrafter(drafter))
+    msg = str(err.value)
+    assert "\n" not in msg and "char-target" in msg and "bpe-drafter" in msg and "lookup" in msg
+
+
+def test_alpha_star_reported_beside_acceptance(pair):
+    target, other = pair
+    g = SpeculativeGenerator(target, ModelDrafter(other), scheme="greedy", num_drafts=2, depth=2, track_alpha=True)
+    st = g.generate(PROMPTS[:1], max_new_tokens=12, temperature=1.0, seed=0)[0].stats
+    assert len(st["alpha_star_by_depth"]) == len(st["acceptance_by_depth"]) >= 1
+    assert all(0.0 <= a <= 1.0 + 1e-9 for a in st["alpha_star_by_depth"])
+
+
+@pytest.mark.slow
+def test_real_smollm2_prompt_lookup_greedy_equality():
+    """Real smollm2-135m (fp32, chat template): prompt lookup reproduces plain greedy decoding on 20
+    real GSM8K / WMT22 prompts x 64 tokens."""
+    from adafuse import registry
+    from adafuse.member import load_member
+
+    if not registry.is_ready("smollm2-135m"):
+        pytest.skip("smollm2-135m is not fetched")
+    data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not data.exists():
+        data = Path("/work/shared/data")
+    qs = [json.loads(line)["question"] for line in (data / "gsm8k" / "test.jsonl").open()][:10]
+    de = [line.strip() for line in (data / "wmt22" / "de-en.src").open()][:10]
+    prompts = qs + [f"Translate German to English: {s}" for s in de]
+    m = load_member("smollm2-135m", dtype="float32")
+    ref = m.generate(prompts, max_new_tokens=64)
+    g = SpeculativeGenerator(m, PromptLookupDrafter(), num_drafts=3, depth=6)
+    outs = g.generate(prompts, max_new_tokens=64)
+    assert [o.text for o in outs] == [r.text for r in ref]
+    eff = sum(o.stats["block_efficiency"] for o in outs) / len(outs)
+    assert eff > 1.05
