@@ -45,8 +45,9 @@ def token_of(member, text):
 
 @pytest.fixture
 def scripted(monkeypatch):
-    """Replace `KVState.next_probs` by scripted distributions {text: prob} per member name (a dict,
-    or a list with one dict per step); record each member's ids at every step."""
+    """Replace `KVState.next_probs` by scripted distributions {text or token id or None (EOS): prob}
+    per member name (a dict, or a list with one dict per step); record each member's ids at every
+    step."""
     script: dict = {}
     seen: dict = {}
 
@@ -57,7 +58,10 @@ def scripted(monkeypatch):
         spec = spec[min(len(seen[name]) - 1, len(spec) - 1)] if isinstance(spec, list) else spec
         probs = torch.zeros(self.batch_size, self.member.vocab_size)
         for text, p in spec.items():
-            tok = self.member.tokenizer.eos_token_id if text is None else token_of(self.member, text)
+            if text is None:
+                tok = self.member.tokenizer.eos_token_id
+            else:
+                tok = text if isinstance(text, int) else token_of(self.member, text)
             probs[:, tok] = p
         return probs
 
@@ -159,9 +163,33 @@ def test_eos_and_stop(scripted):
     assert out.text == " 18 cli" and out.finish_reason == "length" and out.num_tokens == 3
 
 
+@pytest.mark.parametrize("lead", [0, 1])
+def test_incomplete_character_is_completed_by_its_member(scripted, lead):
+    """BPE's top token is the first byte of "\u00e9" (0xC3): it competes with BPE's probability only;
+    once chosen, BPE alone adds the next byte (0xA9), and "\u00e9" is committed as one piece."""
+    script, seen = scripted
+    char, bpe = char_member(), clean_bpe_member()
+    c3, a9 = bpe.tokenizer.convert_tokens_to_ids(["\u00c3", "\u00a9"])
+    assert bpe.decode([c3, a9]) == "\u00e9" and "\ufffd" in bpe.decode([c3])
+    script["bpe"] = [{c3: 0.9, "a": 0.1}, {a9: 0.8, "a": 0.2}, {None: 1.0}]
+    script["char"] = [{"b": 0.5, "c": 0.5}, {"b": 1.0}, {None: 1.0}]
+    out = run([char, bpe], ["Q:"], max_new_tokens=10, lead=lead)[0]
+    step = out.trace["steps"][0]
+    assert step["piece"] == "\u00e9" and step["completed_by"] == "bpe" and step["prob"] == pytest.approx(0.45)
+    assert out.text == "\u00e9" and out.finish_reason == "eos" and len(out.trace["steps"]) == 2
+    # the char member waited, then got the completed text; BPE holds its own two byte tokens
+    prompt_c, prompt_b = char.encode_prompt("Q:"), bpe.encode_prompt("Q:")
+    assert [ids[0][len(prompt_c):] for ids in seen["char"]] == [[], [], char.encode("\u00e9")]
+    assert [ids[0][len(prompt_b):] for ids in seen["bpe"]] == [[], [c3], [c3, a9]]
+    assert out.num_tokens == (3 if lead == 1 else len(char.encode("\u00e9")) + 1)
+
+
 # ---- real (tiny) forwards ---------------------------------------------------------------------
-@pytest.mark.parametrize("make", [lambda: char_member(0), lambda: clean_bpe_member("qwen2", 1),
-                                  lambda: clean_bpe_member("gemma3", 3)], ids=["char-llama", "bpe-qwen2", "bpe-gemma3"])
+@pytest.mark.parametrize("make", [
+    lambda: char_member(0),
+    lambda: tiny_member("qwen2", tokenizer=bpe_tokenizer(), seed=1),  # emits many partial-UTF-8 bytes
+    lambda: tiny_member("gemma3", tokenizer=bpe_tokenizer(), seed=3),
+], ids=["char-llama", "bpe-qwen2", "bpe-gemma3"])
 def test_single_member_equals_its_own_greedy(make):
     m = make()
     ref = m.generate(PROMPTS, max_new_tokens=24, temperature=0)

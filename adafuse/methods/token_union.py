@@ -19,8 +19,10 @@ The end-of-sequence tokens of all members share one union key; choosing it ends 
 Rows also stop at a stop string (excluded from the text) or when the lead has `max_new_tokens`
 tokens of output. The output text is exactly the concatenation of the committed strings.
 
-Tokens whose single-token text is empty or holds U+FFFD (a partial UTF-8 sequence) cannot be
-committed as text and are left out of the union.
+A token whose lone text is empty is left out of the union. A token holding an incomplete UTF-8
+character (its lone text has U+FFFD) enters the union with its member's probability only (0 for
+the others); if chosen, that member completes the character alone (greedy or sampled from its own
+distribution, up to 4 tokens) and the completed text is committed as one piece.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ METHOD = "token-union"
 OPTIONS: dict[str, Any] = {"top_k": 10, "missing": "first-token"}
 MISSING_MODES = ("first-token", "zero")
 EOS = None  # the union key of end-of-sequence (any member's EOS token)
+PARTIAL = "\ufffd"  # what `_Vocab.key` returns for a token holding an incomplete UTF-8 character
+MAX_PARTIAL_TOKENS = 4  # a character is completed within this many tokens (UTF-8 has <= 4 bytes)
 
 
 # ---- shared argument checks (also used by sample_rerank) --------------------------------------
@@ -107,7 +111,7 @@ class _Vocab:
         self.lookup: dict[str, tuple[int | None, int | None]] = {}  # text -> (exact token, first token)
 
     def key(self, token: int):
-        """Union key of a token: EOS, its text, or "" when it cannot be committed as text."""
+        """Union key of a token: EOS, its text, or PARTIAL (an incomplete UTF-8 character)."""
         if token in self.member.eos_token_ids:
             return EOS
         text = self.texts.get(token)
@@ -117,7 +121,7 @@ class _Vocab:
             if isinstance(piece, str) and piece.startswith("\u2581") and not text.startswith(" "):
                 text = " " + text  # SentencePiece decoders that strip a leading "▁" from a lone token
             self.texts[token] = text
-        return "" if "\ufffd" in text else text
+        return PARTIAL if "\ufffd" in text else text
 
     def find(self, text: str) -> tuple[int | None, int | None]:
         """(the token whose text is `text` or None, the first token of the member's encoding)."""
@@ -147,6 +151,8 @@ def _member_prob(vocab: _Vocab, probs: torch.Tensor, top: dict, key, missing: st
     (prob, token). probs: [V] this member's distribution for the row."""
     if key in top:
         return top[key]
+    if isinstance(key, tuple):  # another member's incomplete character
+        return 0.0, None
     if key is EOS:
         ids = [i for i in vocab.member.eos_token_ids if i < probs.shape[0]]
         if not ids:
@@ -161,13 +167,16 @@ def _member_prob(vocab: _Vocab, probs: torch.Tensor, top: dict, key, missing: st
     return 0.0, None
 
 
-def _top_keys(vocab: _Vocab, probs: torch.Tensor, k: int) -> dict:
-    """A member's top-k tokens as {key: (prob, token)} in descending order; tokens sharing a text
-    keep the most probable one; uncommittable tokens are skipped. probs: [V]."""
+def _top_keys(vocab: _Vocab, probs: torch.Tensor, k: int, m: int) -> dict:
+    """Member m's top-k tokens as {key: (prob, token)} in descending order; tokens sharing a text
+    keep the most probable one; empty texts are skipped; an incomplete UTF-8 character gets the
+    key (m, token), which only m can complete. probs: [V]."""
     values, ids = torch.topk(probs, min(k, probs.shape[0]))
     top: dict = {}
     for p, t in zip(values.tolist(), ids.tolist()):
         key = vocab.key(t)
+        if key == PARTIAL:
+            key = (m, t)
         if key == "" or key in top:
             continue
         top[key] = (p, t)
@@ -176,13 +185,14 @@ def _top_keys(vocab: _Vocab, probs: torch.Tensor, k: int) -> dict:
 
 # ---- commit ------------------------------------------------------------------------------------
 def _commit(mt: MemberText, pieces: Sequence[str], own: Sequence[int | None]) -> None:
-    """Extend rows by text in one forward. Row b appends `own[b]` (the member's own token for the
-    piece) when given, else its cache is repaired to the canonical ids of the new text."""
+    """Extend rows in one forward. Row b appends `own[b]` (the member's own token, for the piece
+    `pieces[b]` or, with an empty piece, for a character still incomplete) when given, else its
+    cache is repaired to the canonical ids of its text extended by `pieces[b]`."""
     B = mt.batch_size
     keep = list(mt.state.lengths)
     tails: list[list[int]] = [[] for _ in range(B)]
     for b, piece in enumerate(pieces):
-        if not piece:
+        if not piece and own[b] is None:
             continue
         mt.texts[b] += piece
         if own[b] is not None:
@@ -243,16 +253,66 @@ def generate(
     finish: list[str | None] = [None] * B
     lead_tokens = [0] * B
     lead_fallbacks = [0] * B
+    pending: list[tuple[int, list[int]] | None] = [None] * B  # (member, its tokens) of an incomplete character
+
+    def pick(dist: Sequence[float] | torch.Tensor, b: int) -> int:
+        if temperature == 0:
+            return int(torch.as_tensor(dist).argmax())
+        q = torch.as_tensor(dist, dtype=torch.float64)
+        return int(torch.multinomial(q, 1, generator=gens[b] if gens else None))
+
     while any(f is None for f in finish):
         probs = [mt.state.next_probs(warm_t).cpu() for mt in mts]  # M x [B, V]
         pieces = ["" for _ in range(B)]
         own: list[list[int | None]] = [[None] * B for _ in range(M)]
+
+        def commit(b: int, piece: str, lead_tok: int | None, n_lead: int) -> None:
+            """Commit `piece` on row b (the lead's own last token `lead_tok`, if any) or finish."""
+            new_text = texts[b] + piece
+            texts[b], lead_tokens[b] = new_text, n_lead
+            cut = _find_stop(new_text, stop)
+            if cut >= 0:
+                finish[b], texts[b] = "stop", new_text[:cut]
+            elif n_lead >= max_new_tokens:
+                finish[b] = "length"
+            else:
+                pieces[b] = piece
+                own[lead][b] = lead_tok
+
         for b in range(B):
             if finish[b] is not None:
                 continue
+            if pending[b] is not None:
+                # member m_c completes the character it started, alone
+                m_c, ids = pending[b]
+                tok = pick(probs[m_c][b], b)
+                is_lead = m_c == lead
+                if tok in members[m_c].eos_token_ids:
+                    piece = members[m_c].decode(ids)
+                    steps[b][-1]["piece"] = piece
+                    texts[b] += piece
+                    lead_tokens[b] += len(ids) + 1 if is_lead else 0
+                    finish[b], pending[b] = "eos", None
+                    continue
+                ids.append(tok)
+                piece = members[m_c].decode(ids)
+                n_lead = lead_tokens[b] + len(ids) if is_lead else None
+                if "\ufffd" in piece and len(ids) < MAX_PARTIAL_TOKENS:
+                    if is_lead and n_lead >= max_new_tokens:
+                        steps[b][-1]["piece"] = piece
+                        texts[b], lead_tokens[b], finish[b], pending[b] = texts[b] + piece, n_lead, "length", None
+                    else:
+                        own[m_c][b] = tok
+                    continue
+                pending[b] = None
+                steps[b][-1]["piece"] = piece
+                if not is_lead:
+                    n_lead = len(members[lead].encode(texts[b] + piece))
+                commit(b, piece, tok if is_lead else None, n_lead)
+                continue
             k = top_k
             while True:  # widen when every member's top-k is uncommittable
-                tops = [_top_keys(vocabs[m], probs[m][b], k) for m in range(M)]
+                tops = [_top_keys(vocabs[m], probs[m][b], k, m) for m in range(M)]
                 keys: list = []
                 for m in [lead] + [i for i in range(M) if i != lead]:
                     keys.extend(key for key in tops[m] if key not in keys)
@@ -265,11 +325,7 @@ def generate(
                 member_probs.append([p for p, _ in pt])
                 member_tokens.append([t for _, t in pt])
             fused = fuse_union(member_probs, weights)
-            if temperature == 0:
-                choice = max(range(len(keys)), key=lambda i: fused[i])
-            else:
-                q = torch.tensor(fused, dtype=torch.float64)
-                choice = int(torch.multinomial(q, 1, generator=gens[b] if gens else None))
+            choice = pick(fused, b)
             key = keys[choice]
             agree = sum(1 for m in range(M) if tops[m] and next(iter(tops[m])) == key)
             steps[b].append({"piece": key, "prob": round(fused[choice], 4), "union": len(keys), "agree": agree})
@@ -277,23 +333,25 @@ def generate(
                 finish[b] = "eos"
                 lead_tokens[b] += 1
                 continue
-            new_text = texts[b] + key
+            if isinstance(key, tuple):  # an incomplete character: its member goes on alone
+                m_c, tok = key
+                steps[b][-1].update(piece="", completed_by=members[m_c].name)
+                if m_c == lead and lead_tokens[b] + 1 >= max_new_tokens:
+                    piece = members[m_c].decode([tok])
+                    steps[b][-1]["piece"] = piece
+                    texts[b], lead_tokens[b], finish[b] = texts[b] + piece, lead_tokens[b] + 1, "length"
+                    continue
+                pending[b] = (m_c, [tok])
+                own[m_c][b] = tok
+                continue
             lead_tok = member_tokens[lead][choice]
             if lead_tok is not None:
                 n_lead = lead_tokens[b] + 1
             else:
-                n_lead = len(members[lead].encode(new_text))
+                n_lead = len(members[lead].encode(texts[b] + key))
                 lead_fallbacks[b] += 1
-            texts[b], lead_tokens[b] = new_text, n_lead
-            cut = _find_stop(new_text, stop)
-            if cut >= 0:
-                finish[b], texts[b] = "stop", new_text[:cut]
-            elif n_lead >= max_new_tokens:
-                finish[b] = "length"
-            else:
-                pieces[b] = key
-                own[lead][b] = lead_tok
-        if any(pieces):
+            commit(b, key, lead_tok, n_lead)
+        if any(pieces) or any(t is not None for row in own for t in row):
             for m, mt in enumerate(mts):
                 _commit(mt, pieces, own[m])
 
