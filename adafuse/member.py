@@ -87,12 +87,13 @@ class Member:
     # ---- text <-> ids ----------------------------------------------------------------------
     def format_prompt(self, text: str, chat: bool | None = None) -> str:
         """The prompt as this member sees it: its chat template around `text` (when it has one and
-        `chat` is not False), else `text` unchanged."""
+        `chat` is not False), else `text` unchanged. A `ChatPrompt` gives its exemplars as turns."""
         use_chat = self.use_chat_template if chat is None else (chat and self.use_chat_template)
         if not use_chat:
-            return text
+            return str(text)
+        turns = getattr(text, "messages", None)  # adafuse.prompts.ChatPrompt: exemplars as turns
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
-        messages.append({"role": "user", "content": text})
+        messages += turns if turns else [{"role": "user", "content": str(text)}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:

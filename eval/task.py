@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from adafuse.errors import ConfigError
+from adafuse.prompts import ChatPrompt, fewshot_messages
 from eval import metrics as M
 from eval.data import DATASETS, Doc
 from eval.schema import Field, validate
@@ -81,10 +82,13 @@ class Task:
         return docs, pool[: self.num_fewshot]
 
     def prompt(self, doc: Doc, shots: list[Doc]) -> str:
-        """description + k solved exemplars + the doc's question, lm-eval style."""
-        parts = [self.doc_to_text.format(**s) + self.target_delimiter + self.doc_to_target.format(**s) for s in shots]
-        parts.append(self.doc_to_text.format(**doc))
-        return self.description + self.fewshot_delimiter.join(parts)
+        """description + k solved exemplars + the doc's question, lm-eval style; also as chat turns."""
+        pairs = [(self.doc_to_text.format(**s), self.doc_to_target.format(**s)) for s in shots]
+        question = self.doc_to_text.format(**doc)
+        parts = [q + self.target_delimiter + a for q, a in pairs] + [question]
+        raw = self.description + self.fewshot_delimiter.join(parts)
+        # chat members see the exemplars as user/assistant turns (lm-eval's fewshot_as_multiturn)
+        return ChatPrompt(raw, fewshot_messages(pairs, question, self.description.strip() or None))
 
     def extract(self, output: str) -> str:
         return M.FILTERS[self.filter](output)

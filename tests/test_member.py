@@ -158,3 +158,22 @@ def test_warpers_match_transformers():
         torch.testing.assert_close(logits_to_probs(logits, t, k, p), ref.softmax(-1))
     greedy = logits_to_probs(logits, 0.0)
     assert torch.equal(greedy.argmax(-1), logits.argmax(-1)) and torch.all(greedy.sum(-1) == 1)
+
+
+def test_chat_prompt_formats_exemplars_as_turns():
+    from adafuse.prompts import ChatPrompt, fewshot_messages
+
+    tok = bpe_tokenizer()
+    m = tiny_member("llama", tokenizer=tok)
+    prompt = ChatPrompt("Q: a?\nA: b\n\nQ: c?\nA:", fewshot_messages([("Q: a?\nA:", "b")], "Q: c?\nA:"))
+    assert m.format_prompt(prompt) == str(prompt)  # no chat template: raw text
+    m.tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+    m.use_chat_template = True
+    try:
+        text = m.format_prompt(prompt)
+        assert text == "<user>Q: a?\nA:\n<assistant>b\n<user>Q: c?\nA:\n<assistant>"
+        assert m.format_prompt("plain") == "<user>plain\n<assistant>"
+        assert m.format_prompt(prompt, chat=False) == str(prompt)
+    finally:
+        m.tokenizer.chat_template = None
