@@ -21,11 +21,17 @@ import torch
 
 from specdec.drafts import check_n, check_pair, check_scheme, greedy_residual_draft, greedy_set, to_float64
 
-# trapezoid step in u = log t; 0.25 gives ~1e-13 relative quadrature error on the tested cases
-_STEP = 0.4
+# trapezoid step in u = log t: the integrand's transition sharpens like sqrt(n), so the step shrinks
+# as 0.8 / sqrt(n) (capped at 0.4); measured error vs a 0.12 step: <= ~3e-9 for n = 2..16
+_STEP_SCALE, _STEP_MAX = 0.8, 0.4
+_STEP = None  # tests may pin a fixed step
+
+
+def _step(n: int) -> float:
+    return _STEP if _STEP is not None else min(_STEP_MAX, _STEP_SCALE / math.sqrt(n))
 _LINEAR_T_MAX = 600.0  # above this exp(t) would overflow: switch to log-domain scans
 _POINT_CHUNK = 32
-_TOKEN_BLOCK = 2048
+_TOKEN_BLOCK = 8192
 # "without": drop low-q tokens of total mass small enough that α* moves by at most this much
 PRUNE_TOL = 1e-10
 
@@ -111,24 +117,40 @@ def q_without_prefixes(q_sorted: torch.Tensor, r: torch.Tensor, n: int) -> torch
     t_gamma = torch.where(gap > 0, (2.0 * n + 40.0) / gap, torch.full_like(gap, float("inf")))
     t_hi = float(torch.minimum(t_kernel, t_gamma).max())
     u_min, u_hi = math.log(1e-14), math.log(max(t_hi, 1.0))
-    num = int(math.ceil((u_hi - u_min) / _STEP)) + 1
-    u = u_min + _STEP * torch.arange(num, dtype=torch.float64)
+    h = _step(n)
+    num = int(math.ceil((u_hi - u_min) / h)) + 1
+    u = u_min + h * torch.arange(num, dtype=torch.float64)
     t_all = torch.exp(u)
     small = t_all <= t_lo
     t_small = t_all[small]
     # Σ over points of r_k t e^{-r_k t} P(N_k(t) < n)
-    x = r_k[:, None] * t_small[None, :]
-    acc = (x * torch.exp(-x)).sum(1)
+    acc = _small_t_sum(r_k, t_small)
     t_rest = t_all[~small]
     torch.set_flush_denormal(True)  # underflowing exponentials otherwise hit slow denormal paths
     try:
         _accumulate(acc, q_sorted, r, t_rest, n)
     finally:
         torch.set_flush_denormal(False)
-    out[1:v] = (1.0 - _STEP * acc).clamp(0.0, 1.0)
+    out[1:v] = (1.0 - h * acc).clamp(0.0, 1.0)
     support_count = torch.arange(1, v, dtype=torch.float64)
     out[1:v][support_count < n] = 0.0
     return out
+
+
+def _small_t_sum(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Σ_i r t_i e^{-r t_i} for each r [K] over small points t [P] (r t <= ~1.3), as a power series
+    in r with precomputed moments Σ_i t_i^{m+1}: O(K · terms) instead of O(K · P) exponentials."""
+    if t.numel() == 0:
+        return torch.zeros_like(r)
+    x_max = float(r.max()) * float(t.max())
+    terms, bound = 1, float(t.sum())
+    while bound * x_max ** terms / math.factorial(terms) > 1e-18 and terms < 60:
+        terms += 1
+    coef = [float((t ** (m + 1)).sum()) * (-1) ** m / math.factorial(m) for m in range(terms + 1)]
+    out = torch.full_like(r, coef[-1])
+    for c in reversed(coef[:-1]):
+        out = out * r + c
+    return out * r
 
 
 def _accumulate(acc: torch.Tensor, q_sorted: torch.Tensor, r: torch.Tensor, t_rest: torch.Tensor, n: int) -> None:
@@ -228,6 +250,9 @@ def _prune_tail(q: torch.Tensor, n: int, tol: float) -> torch.Tensor:
 
 
 def _alpha_without(p: torch.Tensor, q: torch.Tensor, n: int, tol: float = PRUNE_TOL) -> float:
+    lower = _alpha_with(p, q, n)  # α*(without) >= α*(with): nothing left to gain when it is ~1
+    if lower >= 1.0 - tol:
+        return lower
     p_s, q_s, r = _sorted_support(p, _prune_tail(q, n, tol))
     p_prefix = torch.cat([p_s.new_zeros(1), torch.cumsum(p_s, 0)])
     q_pre = q_without_prefixes(q_s, r, n)
