@@ -13,13 +13,11 @@ PROMPT = ["Question: What is the capital of France?\nAnswer:"]
 
 
 @pytest.fixture(scope="module")
-def members():
-    missing = [n for n in NAMES if not registry.is_ready(n)]
-    if missing:
-        pytest.skip(f"models not fetched: {', '.join(missing)} (adafuse models fetch NAME)")
+def members(smollm2):
     from adafuse.member import load_member
 
-    return [load_member(n) for n in NAMES]
+    registry.fetch("gemma3-270m")  # a no-op once fetched, like conftest's smollm2 fixture
+    return [smollm2, load_member("gemma3-270m")]
 
 
 def kwargs(**kw):
