@@ -23,6 +23,12 @@ A token whose lone text is empty is left out of the union. A token holding an in
 character (its lone text has U+FFFD) enters the union with its member's probability only (0 for
 the others); if chosen, that member completes the character alone (greedy or sampled from its own
 distribution, up to 4 tokens) and the completed text is committed as one piece.
+
+Trace per output: {"method", "top_k", "missing", "lead", "steps": [{"piece" (committed text, None
+for EOS), "prob" (its fused probability), "union" (union size), "agree" (members whose own top-1 it
+was), "completed_by" (only for an incomplete character)}]}. Stats: steps, lead_text_fallbacks
+(pieces the lead had no single token for), tokens_refed (per member, whole batch: tokens re-fed by
+boundary repair). Cost: the batch's forwards / tokens per member and wall time, split evenly.
 """
 from __future__ import annotations
 
