@@ -323,53 +323,13 @@ class WordFusion:
         names = [m.name for m in self.members]
         for m in range(len(self.members)):
             self.flush(m, rows)
-        union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
-        for m, view in enumerate(self.views):
-            probs = view.state.next_probs(1.0)
-            eos_ids = view.member.eos_token_ids
-            firsts: dict[int, list[int]] = {}
-            k = min(cfg.candidates + len(eos_ids), probs.shape[-1])
-            top = torch.topk(probs, k, dim=-1).indices.tolist()
-            for b in rows:
-                picked = []
-                for tok in top[b]:
-                    if len(picked) == cfg.candidates:
-                        break
-                    if tok in eos_ids:
-                        if m == self.lead and EOS_KEY not in union[b]:
-                            union[b][EOS_KEY] = Candidate("", [names[m]], eos=True)
-                        elif m == self.lead:
-                            union[b][EOS_KEY].proposed_by.append(names[m])
-                        picked.append(None)  # EOS takes one of the B slots
-                        continue
-                    picked.append(tok)
-                firsts[b] = [t for t in picked if t is not None]
-            words = complete_words(view, rows, firsts, cfg.max_word_tokens)
-            for b in rows:
-                for w in words[b]:
-                    if not w:
-                        continue
-                    cand = union[b].setdefault(w, Candidate(w))
-                    if names[m] not in cand.proposed_by:
-                        cand.proposed_by.append(names[m])
-        # every member scores every candidate of its rows in one forward
-        cands = {b: list(union[b].values()) for b in rows}
+        cands = self.propose(rows)
+        logprobs = self.candidate_logprobs(rows, cands)
         raw = {b: torch.zeros(len(self.members), len(cands[b])) for b in rows}
-        for m, view in enumerate(self.views):
-            conts: list[list[list[int]]] = [[] for _ in self.texts]
+        for m in range(len(self.members)):
             for b in rows:
-                conts[b] = [continuation_ids(view, b, c.text) for c in cands[b] if not c.eos]
-            lps = view.state.score(conts)
-            last_lp = torch.log_softmax(view.state.last_logits.float(), dim=-1)
-            eos_ids = sorted(view.member.eos_token_ids)
-            for b in rows:
-                it = iter(lps[b])
                 for j, c in enumerate(cands[b]):
-                    if c.eos:
-                        lp = torch.logsumexp(last_lp[b, eos_ids], dim=0)[None] if eos_ids else torch.tensor([-1e4])
-                        s = normalised_score(lp.cpu(), "x", cfg.normalise)
-                    else:
-                        s = normalised_score(next(it), c.text, cfg.normalise)
+                    s = normalised_score(logprobs[m][b][j], c.text or "x", cfg.normalise)
                     raw[b][m, j] = s
                     c.scores[names[m]] = round(s, 4)
         lead_pieces = ["" for _ in self.texts]
@@ -393,6 +353,62 @@ class WordFusion:
         self.views[self.lead].extend(lead_pieces)
         for b in rows:
             self._check_length(b)
+
+    def propose(self, rows: list[int]) -> dict[int, list[Candidate]]:
+        """The union of every member's top-B candidate words per row (dedup by exact text; the lead's
+        EOS, when among its top-B, is a candidate too). Members must be flushed for `rows`."""
+        cfg = self.config
+        names = [m.name for m in self.members]
+        union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
+        for m, view in enumerate(self.views):
+            probs = view.state.next_probs(1.0)
+            eos_ids = view.member.eos_token_ids
+            k = min(cfg.candidates + len(eos_ids), probs.shape[-1])
+            top = torch.topk(probs, k, dim=-1).indices.tolist()
+            firsts: dict[int, list[int]] = {}
+            for b in rows:
+                picked: list[int] = []
+                slots = 0
+                for tok in top[b]:
+                    if slots == cfg.candidates:
+                        break
+                    slots += 1
+                    if tok in eos_ids:  # EOS takes one of the B slots; only the lead's counts
+                        if m == self.lead:
+                            union[b].setdefault(EOS_KEY, Candidate("", [], eos=True)).proposed_by.append(names[m])
+                        continue
+                    picked.append(tok)
+                firsts[b] = picked
+            words = complete_words(view, rows, firsts, cfg.max_word_tokens)
+            for b in rows:
+                for w in words[b]:
+                    if not w:
+                        continue
+                    cand = union[b].setdefault(w, Candidate(w))
+                    if names[m] not in cand.proposed_by:
+                        cand.proposed_by.append(names[m])
+        return {b: list(union[b].values()) for b in rows}
+
+    def candidate_logprobs(self, rows: list[int], cands: dict[int, list[Candidate]]
+                           ) -> list[dict[int, list[torch.Tensor]]]:
+        """Per member, per row, per candidate: the member's log-probs of its own tokens of the
+        candidate given the row's committed text (an EOS candidate: log p(any EOS of the member)).
+        One `score` forward per member for all rows and candidates."""
+        out = []
+        for view in self.views:
+            conts: list[list[list[int]]] = [[] for _ in self.texts]
+            for b in rows:
+                conts[b] = [continuation_ids(view, b, c.text) for c in cands[b] if not c.eos]
+            lps = view.state.score(conts)
+            last_lp = torch.log_softmax(view.state.last_logits.float(), dim=-1)
+            eos_ids = sorted(view.member.eos_token_ids)
+            per_row: dict[int, list[torch.Tensor]] = {}
+            for b in rows:
+                it = iter(lps[b])
+                per_row[b] = [(torch.logsumexp(last_lp[b, eos_ids], dim=0)[None].cpu() if eos_ids
+                               else torch.tensor([-1e4])) if c.eos else next(it) for c in cands[b]]
+            out.append(per_row)
+        return out
 
     # ---- whole run -------------------------------------------------------------------------
     def run(self, on_step: Callable[["WordFusion"], None] | None = None) -> list[GenerationOutput]:

@@ -1,0 +1,202 @@
+"""Cost of word-level ensembling (AdaFuse) against its members decoding alone, on GSM8K.
+
+Runs, in one process and on the same prompts (GSM8K test questions, k-shot chain-of-thought prompt
+built by the `gsm8k` eval task, its stop strings), each member alone (greedy, its own KV cache) and
+then the ensemble, and prints:
+
+- share of rounds that ensembled, words per round;
+- forward passes per output word, per member;
+- wall time per output word, ensemble / slowest member alone (the goal is <= 2x);
+- accuracy (exact match on the final number) of each run, for orientation only (few questions).
+
+Words are `adafuse.words.count_words` units of the output text. With `--normalisation` it instead
+measures, teacher-forced on the gold chain-of-thought answers, how often each score normalisation /
+calibration picks the gold next word among the union of the members' candidates (+ the gold word).
+
+    python benchmarks/adafuse_cost.py --limit 20 --max_new_tokens 200
+    python benchmarks/adafuse_cost.py --normalisation --limit 8
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DEFAULT_MEMBERS = "smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b"
+
+
+def gsm8k_prompts(limit: int, shots: int, offset: int = 0):
+    """(prompts, docs, task) for the first `limit` test questions after `offset`."""
+    from eval.data import resolve_data_dir
+    from eval.task import get_task
+
+    task = get_task("gsm8k", num_fewshot=shots)
+    docs, fewshot = task.load(resolve_data_dir(None))
+    docs = docs[offset: offset + limit]
+    return [task.prompt(d, fewshot) for d in docs], docs, task
+
+
+def accuracy(task, docs, texts) -> float:
+    good = 0.0
+    for d, t in zip(docs, texts):
+        scores, _ = task.score(task.extract(t), d)
+        good += scores[task.primary_metric]
+    return good / max(len(docs), 1)
+
+
+def run_batches(fn, prompts, batch_size):
+    outs = []
+    for i in range(0, len(prompts), batch_size):
+        outs.extend(fn(prompts[i: i + batch_size]))
+        print(f"    {len(outs)}/{len(prompts)}", file=sys.stderr, flush=True)
+    return outs
+
+
+def summarise(name, outs, members, task, docs, wall):
+    from adafuse.words import count_words
+
+    words = sum(count_words(o.text) for o in outs)
+    fwd = {m.name: sum(o.cost.forward_passes.get(m.name, 0) for o in outs) for m in members}
+    row = {"run": name, "words": words, "wall_s": round(wall, 2), "s_per_word": wall / max(words, 1),
+           "fwd_per_word": {k: round(v / max(words, 1), 3) for k, v in fwd.items() if v},
+           "accuracy": accuracy(task, docs, [o.text for o in outs])}
+    stats = [o.stats for o in outs if o.stats and "rounds" in o.stats]
+    if stats:
+        rounds = sum(s["rounds"] for s in stats)
+        row["ensemble_share"] = round(sum(s["ensemble_rounds"] for s in stats) / max(rounds, 1), 3)
+        row["words_per_round"] = round(sum(s["units"] for s in stats) / max(rounds, 1), 3)
+        row["rounds"] = rounds
+    return row
+
+
+def cost_main(args) -> None:
+    import torch
+
+    from adafuse.ensemble import Ensemble
+    from adafuse.member import load_member
+
+    torch.set_num_threads(args.threads)
+    prompts, docs, task = gsm8k_prompts(args.limit, args.shots, args.offset)
+    stop = list(task.until)
+    members = [load_member(n, dtype=args.dtype) for n in args.members.split(",")]
+    results = []
+    if not args.skip_alone:
+        for m in members:
+            print(f"== {m.name} alone", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            outs = run_batches(lambda ps: m.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
+                               args.batch_size)
+            results.append(summarise(m.name, outs, members, task, docs, time.perf_counter() - t0))
+            print(json.dumps(results[-1]), flush=True)
+    knobs = json.loads(args.options) if args.options else {}
+    drafters = [None if d in ("", "none") else d for d in args.drafters.split(",")] if args.drafters else None
+    ens = Ensemble(members, method=args.method, drafters=drafters, lead=args.lead, **knobs)
+    print(f"== {ens!r}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    outs = run_batches(lambda ps: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
+                       args.batch_size)
+    results.append(summarise(f"{args.method}", outs, members, task, docs, time.perf_counter() - t0))
+    print(json.dumps(results[-1]), flush=True)
+    if args.save:
+        with open(args.save, "w") as f:
+            for d, o in zip(docs, outs):
+                f.write(json.dumps({"id": d["id"], "text": o.text, "stats": o.stats,
+                                    "trace": [r.to_dict() for r in o.trace or []]}) + "\n")
+    alone = [r for r in results if r["run"] in {m.name for m in members}]
+    if alone:
+        slowest = max(alone, key=lambda r: r["s_per_word"])
+        ratio = results[-1]["s_per_word"] / slowest["s_per_word"]
+        print(f"\nwall time per output word: ensemble {results[-1]['s_per_word']:.3f} s, slowest alone "
+              f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {ratio:.2f}x")
+    print(json.dumps({"config": vars(args), "results": results}))
+
+
+def normalisation_main(args) -> None:
+    """Teacher-forced on gold answers: at each word of the gold CoT, which normalisation/calibration
+    ranks the gold word first among the members' candidates plus the gold word?"""
+    import torch
+
+    from adafuse.gate import top2_margin
+    from adafuse.member import load_member
+    from adafuse.methods.word_level import Candidate, WordConfig, WordFusion
+    from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, fuse_scores, normalised_score
+    from adafuse.words import split_words
+    from eval.data import gsm8k_cot
+
+    torch.set_num_threads(args.threads)
+    prompts, docs, _ = gsm8k_prompts(args.limit, args.shots, args.offset)
+    golds = [split_words(" " + gsm8k_cot(d["answer"]) if "answer" in d else " " + d["target"])[: args.max_words]
+             for d in docs]
+    members = [load_member(n, dtype=args.dtype) for n in args.members.split(",")]
+    fusion = WordFusion(members, prompts, WordConfig(), weights=[1.0] * len(members), lead=args.lead, chat=None,
+                        max_new_tokens=10 ** 6, stop=[], temperature=0.0, seed=None)
+    modes = [(n, c) for n in NORMALISATIONS for c in CALIBRATIONS]
+    hits = {f"{n}/{c}": [0, 0] for n, c in modes}       # all positions: [correct, total]
+    hits_u = {f"{n}/{c}": [0, 0] for n, c in modes}     # positions where the gate is uncertain
+    lead_hits = [0, 0]
+    t0 = time.perf_counter()
+    for pos in range(max(len(g) for g in golds)):
+        rows = [b for b, g in enumerate(golds) if pos < len(g)]
+        for m in range(len(members)):
+            fusion.flush(m, rows)
+        margins = top2_margin(fusion.views[args.lead].state.next_probs(1.0)).tolist()
+        cands = fusion.propose(rows)
+        for b in rows:
+            if golds[b][pos] not in {c.text for c in cands[b]}:
+                cands[b].append(Candidate(golds[b][pos], ["gold"]))
+        lps = fusion.candidate_logprobs(rows, cands)
+        for b in rows:
+            gold = golds[b][pos]
+            lead_name = members[args.lead].name
+            lead_first = next((c.text for c in cands[b] if lead_name in c.proposed_by and not c.eos), None)
+            lead_hits[0] += int(lead_first == gold)
+            lead_hits[1] += 1
+            for n, c in modes:
+                scores = torch.tensor([[normalised_score(lps[m][b][j], cd.text or "x", n)
+                                        for j, cd in enumerate(cands[b])] for m in range(len(members))])
+                pick = cands[b][int(fuse_scores(scores, None, c).argmax())].text
+                for table, cond in ((hits, True), (hits_u, margins[b] < 0.7)):
+                    if cond:
+                        table[f"{n}/{c}"][0] += int(pick == gold)
+                        table[f"{n}/{c}"][1] += 1
+            fusion._commit(b, gold, lead_has_it=False)
+        fusion.flush(args.lead, rows)
+        print(f"  word {pos}: {len(rows)} rows, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    report = {"positions": lead_hits[1], "lead_top1_is_gold": round(lead_hits[0] / max(lead_hits[1], 1), 4),
+              "gold_picked_all": {k: round(v[0] / max(v[1], 1), 4) for k, v in hits.items()},
+              "gold_picked_uncertain": {k: round(v[0] / max(v[1], 1), 4) for k, v in hits_u.items()},
+              "uncertain_positions": next(iter(hits_u.values()))[1], "config": vars(args)}
+    print(json.dumps(report, indent=1))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--members", default=DEFAULT_MEMBERS)
+    p.add_argument("--method", default="adafuse")
+    p.add_argument("--options", help='JSON of method options, e.g. \'{"threshold": 0.7, "normalise": "byte"}\'')
+    p.add_argument("--drafters", help="comma-separated drafter per member (lookup / model name / none)")
+    p.add_argument("--lead", type=int, default=0)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--shots", type=int, default=4)
+    p.add_argument("--max_new_tokens", type=int, default=200)
+    p.add_argument("--batch_size", type=int, default=4)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip_alone", action="store_true", help="only run the ensemble")
+    p.add_argument("--save", help="write the ensemble's texts and traces here (jsonl)")
+    p.add_argument("--normalisation", action="store_true", help="teacher-forced normalisation measurement")
+    p.add_argument("--max_words", type=int, default=40, help="gold words per question (--normalisation)")
+    args = p.parse_args(argv)
+    (normalisation_main if args.normalisation else cost_main)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Word-level ensembling (`adafuse`, `word-fixed`) on tiny in-process members with deliberately
+different tokenizers (character-level vs byte-level BPE): gate, span, candidate union, scoring,
+boundary repair, batching, text invariants, knobs and config errors."""
+import pytest
+import torch
+
+from adafuse.ensemble import Ensemble
+from adafuse.errors import ConfigError
+from adafuse.member import KVState
+from adafuse.methods.word_level import WordConfig, WordFusion
+from adafuse.testing import bpe_tokenizer, char_tokenizer
+from test_adafuse_helpers import scripted_member, spacey_member
+
+P = "Question: what is 16*16?\nAnswer:"
+SCRIPT = " 16*16 = 256\n-3 + 4 = 1\n\nShe has 18 apples."
+PROMPTS = [P, "The quick brown fox"]
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    return (scripted_member(bpe_tokenizer(), SCRIPT, P, "bpe-script"),
+            scripted_member(char_tokenizer(), SCRIPT, P, "char-script"))
+
+
+@pytest.fixture(scope="module")
+def spacey():
+    return (spacey_member("llama", char_tokenizer(), 0, "char-llama", 3.0),
+            spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0))
+
+
+def units(out):
+    return "".join("".join(r.units) for r in out.trace)
+
+
+def decisions(out):
+    return [g["decision"] for r in out.trace for g in r.gate]
+
+
+# ---- text invariants ----------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["word-fixed", "adafuse"])
+def test_output_is_exactly_the_committed_units(scripted, method):
+    out = Ensemble(list(scripted), method=method).generate([P], max_new_tokens=200)[0]
+    assert out.text == SCRIPT                 # " =", "-", "+" at span starts kept, newlines kept
+    assert units(out) == out.text             # byte for byte the concatenation of committed units
+    assert out.text.count("She") == 1 and out.finish_reason == "eos"
+    ensembled = [r.units[0] for r in out.trace if r.kind == "ensemble" and r.units]
+    if method == "word-fixed":
+        assert " =" in ensembled and "-3" in ensembled and " +" in ensembled and "\n\n" in ensembled
+
+
+def test_stop_string_cuts_text_and_trace(scripted):
+    out = Ensemble(list(scripted), method="word-fixed").generate([P], max_new_tokens=200, stop=["\n\nShe"])[0]
+    assert out.text == SCRIPT[: SCRIPT.index("\n\nShe")]
+    assert units(out) == out.text and out.finish_reason == "stop"
+
+
+def test_length_limit_counts_lead_tokens(spacey):
+    out = Ensemble(list(spacey), threshold=0.05).generate([P], max_new_tokens=8)[0]
+    lead = spacey[0]
+    assert out.finish_reason == "length" and out.num_tokens == len(lead.encode(out.text)) >= 8
+    assert units(out) == out.text
+
+
+# ---- gate and span ------------------------------------------------------------------------------
+def test_gate_and_span_on_confident_script(scripted):
+    # the scripted lead is sure of every token: margin ~1 >= 0.7
+    out = Ensemble(list(scripted), span=3).generate([P], max_new_tokens=200)[0]
+    d = decisions(out)
+    assert d[:4] == ["confident"] * 3 + ["forced"]
+    assert max(len(r.units) for r in out.trace if r.kind == "confident") == 3
+    out1 = Ensemble(list(scripted), span=1).generate([P], max_new_tokens=200)[0]
+    assert decisions(out1)[:4] == ["confident", "forced"] * 2
+    assert out1.text == out.text == SCRIPT
+    out0 = Ensemble(list(scripted), span=0).generate([P], max_new_tokens=200)[0]
+    assert set(decisions(out0)) == {"forced"}
+
+
+def test_threshold_switches_between_confident_and_ensemble(spacey):
+    lo = Ensemble(list(spacey), threshold=0.0, span=100).generate([P], max_new_tokens=8)[0]
+    hi = Ensemble(list(spacey), threshold=1.0).generate([P], max_new_tokens=6)[0]
+    assert set(decisions(lo)) == {"confident"} and all(r.kind == "confident" for r in lo.trace)
+    assert set(decisions(hi)) == {"uncertain"} and all(r.kind == "ensemble" for r in hi.trace)
+    margins = [g["margin"] for r in hi.trace for g in r.gate]
+    assert all(0.0 <= m < 1.0 for m in margins)
+    # the confident path is the lead alone: its text equals the lead's own greedy word by word
+    alone = spacey[0].generate([P], max_new_tokens=len(spacey[0].encode(lo.text)))[0]
+    assert alone.text.startswith(lo.text) or lo.text.startswith(alone.text)
+    # the non-lead member did no work while the lead was confident (lazy catch-up)
+    assert lo.cost.forward_passes[spacey[1].name] <= 1
+
+
+# ---- candidates and scoring ---------------------------------------------------------------------
+def test_candidate_union_and_scores(spacey):
+    out = Ensemble(list(spacey), method="word-fixed", candidates=3).generate([P], max_new_tokens=6)[0]
+    names = {m.name for m in spacey}
+    for r in out.trace:
+        if r.kind != "ensemble" or r.chosen == "<eos>":
+            continue
+        texts = [c.text for c in r.candidates]
+        assert len(texts) == len(set(texts))                               # dedup by exact text
+        assert 1 <= len(texts) <= 6
+        assert {n for c in r.candidates for n in c.proposed_by} == names     # both members proposed
+        for c in r.candidates:
+            assert set(c.scores) == names                                  # every member scored every one
+            assert c.fused == pytest.approx(sum(c.scores.values()) / 2, abs=1e-3)
+        best = max(r.candidates, key=lambda c: c.fused)
+        assert r.chosen == best.text and r.units == [best.text]
+
+
+def test_scoring_is_one_forward_per_member_per_round(spacey, monkeypatch):
+    calls = []
+    original = KVState.score
+
+    def counting(self, continuations):
+        before = self.member.counters.forward_passes
+        result = original(self, continuations)
+        calls.append((self.member.name, self.member.counters.forward_passes - before,
+                      sum(len(c) for c in continuations)))
+        return result
+
+    monkeypatch.setattr(KVState, "score", counting)
+    out = Ensemble(list(spacey), method="word-fixed").generate(PROMPTS, max_new_tokens=10)
+    steps = max(sum(1 for r in o.trace if r.kind == "ensemble") for o in out)
+    per_member = {m.name: [c for c in calls if c[0] == m.name] for m in spacey}
+    for name, cs in per_member.items():
+        assert len(cs) == steps                                  # one score call per round (all rows)
+        assert all(forwards == 1 for _, forwards, _ in cs)       # ... and it is one forward
+        assert max(n for _, _, n in cs) > 2                      # ... holding several candidates
+
+
+def test_choice_is_not_whoever_proposed_it():
+    prompt = "Q: how old is she?\nA:"
+    lead = scripted_member(char_tokenizer(), " She is 18.", prompt, "lead-18", scale=3.0)
+    b = scripted_member(bpe_tokenizer(), " She is 17.", prompt, "bpe-17", scale=12.0)
+    c = scripted_member(char_tokenizer(), " She is 17.", prompt, "char-17", scale=12.0, noise_seed=5)
+    out = Ensemble([lead, b, c], method="word-fixed").generate([prompt], max_new_tokens=40)[0]
+    assert out.text == " She is 17."
+    r = next(r for r in out.trace if r.chosen == " 17.")
+    cand = {c.text: c for c in r.candidates}
+    assert "lead-18" in cand[" 18."].proposed_by and "lead-18" not in cand[" 17."].proposed_by
+
+
+def test_softmax_calibration_against_a_self_confident_lead():
+    prompt = "Q: how old is she?\nA:"
+    lead = scripted_member(char_tokenizer(), " She is 18.", prompt, "lead-18", scale=20.0)
+    b = scripted_member(bpe_tokenizer(), " She is 17.", prompt, "bpe-17", scale=8.0)
+    c = scripted_member(char_tokenizer(), " She is 17.", prompt, "char-17", scale=8.0, noise_seed=5)
+    plain = Ensemble([lead, b, c], method="word-fixed", calibration="none").generate([prompt], max_new_tokens=40)[0]
+    calib = Ensemble([lead, b, c], method="word-fixed", calibration="softmax").generate([prompt], max_new_tokens=40)[0]
+    assert plain.text == " She is 18."   # the extreme member vetoes the others' word
+    assert calib.text == " She is 17."   # each member's say is bounded: the majority wins
+
+
+# ---- cache discipline ---------------------------------------------------------------------------
+def fresh_next_probs(member, ids):
+    with torch.no_grad():
+        return member.model(input_ids=torch.tensor([ids])).logits[0, -1].float().softmax(-1)
+
+
+def test_incremental_state_equals_fresh_encoding_after_every_round(spacey):
+    cfg = WordConfig(threshold=0.05, span=2)
+    fusion = WordFusion(list(spacey), PROMPTS, cfg, weights=[1, 1], lead=0, chat=None, max_new_tokens=12,
+                        stop=[], temperature=0.0, seed=None)
+    rounds = 0
+    while not fusion.done:
+        fusion.step()
+        fusion.sync_all()
+        rounds += 1
+        for m, view in zip(spacey, fusion.views):
+            probs = view.state.next_probs(1.0)
+            for b in range(len(PROMPTS)):
+                assert view.texts[b] == fusion.texts[b]
+                assert view.state.ids[b] == view.prompt_ids[b] + m.encode(fusion.texts[b])
+                torch.testing.assert_close(probs[b], fresh_next_probs(m, view.state.ids[b]), atol=2e-5, rtol=1e-4)
+    assert rounds >= 3
+
+
+def test_boundary_repair_on_merging_tokens():
+    # BPE lead: the word " 18." then "\n" -- ".\n"-style merges and " 1"+"8" splits must be repaired
+    prompt = "Q:"
+    script = " 1 8 18.\n\n 18. 1\n8"
+    a = scripted_member(bpe_tokenizer(), script, prompt, "bpe")
+    b = scripted_member(char_tokenizer(), script, prompt, "char")
+    for method in ("adafuse", "word-fixed"):
+        out = Ensemble([a, b], method=method).generate([prompt], max_new_tokens=100)[0]
+        assert out.text == script and units(out) == script
+
+
+# ---- batching and sampling ----------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_run_equals_per_row_runs(spacey, temperature):
+    ens = Ensemble(list(spacey), threshold=0.05, max_word_tokens=6)
+    batched = ens.generate(PROMPTS, max_new_tokens=10, temperature=temperature, seed=7)
+    for b, prompt in enumerate(PROMPTS):
+        single = ens.generate([prompt], max_new_tokens=10, temperature=temperature, seed=7 + b)[0]
+        assert single.text == batched[b].text
+        assert [r.chosen for r in single.trace] == [r.chosen for r in batched[b].trace]
+
+
+def test_sampling_is_reproducible(spacey):
+    ens = Ensemble(list(spacey), threshold=0.05, max_word_tokens=6)
+    a = ens.generate([P], max_new_tokens=12, temperature=1.0, seed=1)[0].text
+    assert a == ens.generate([P], max_new_tokens=12, temperature=1.0, seed=1)[0].text
+    others = {ens.generate([P], max_new_tokens=12, temperature=1.0, seed=s)[0].text for s in (2, 3, 4)}
+    greedy = ens.generate([P], max_new_tokens=12)[0].text
+    assert len(others | {a, greedy}) > 1
+
+
+# ---- every knob changes behaviour (and the trace shows it) ---------------------------------------
+def run(members, **kw):
+    kw.setdefault("max_word_tokens", 6)
+    return Ensemble(list(members), **kw).generate([P], max_new_tokens=8)[0]
+
+
+def test_every_knob_changes_behaviour(spacey):
+    base = run(spacey, method="word-fixed")
+    # candidates: the union grows with B
+    b1 = run(spacey, method="word-fixed", candidates=1)
+    assert max(len(r.candidates) for r in b1.trace) <= 2 < max(len(r.candidates) for r in base.trace)
+    # normalise: the recorded scores change
+    tok = run(spacey, method="word-fixed", normalise="token")
+    assert [c.scores for c in tok.trace[0].candidates] != [c.scores for c in base.trace[0].candidates]
+    # calibration: the fused scores change
+    cal = run(spacey, method="word-fixed", calibration="softmax")
+    assert [c.fused for c in cal.trace[0].candidates] != [c.fused for c in base.trace[0].candidates]
+    # max_word_tokens: words are cut
+    short = run(spacey, method="word-fixed", max_word_tokens=1)
+    assert max(len(spacey[0].encode(c.text)) for r in base.trace for c in r.candidates) > 1
+    assert any(len(c.text) > 2 for r in base.trace for c in r.candidates)
+    assert all(len(spacey[0].encode(c.text)) <= 1 or len(spacey[1].encode(c.text)) <= 1
+               for r in short.trace for c in r.candidates)
+    # weights: a zero-weight member has no say
+    only0 = run(spacey, method="word-fixed", weights=[1, 0])
+    for r in only0.trace:
+        for c in r.candidates:
+            assert c.fused == pytest.approx(c.scores[spacey[0].name], abs=1e-3)
+    # lead: the gate follows the other member
+    lead1 = run(spacey, threshold=0.05, lead=1)
+    assert {r.proposer for r in lead1.trace} == {spacey[1].name}
+    assert lead1.num_tokens >= 8 and len(spacey[1].encode(lead1.text)) == lead1.num_tokens
+    # gate: adafuse vs word-fixed
+    ada = run(spacey, threshold=0.05)
+    assert "confident" in decisions(ada) and set(decisions(base)) == {"off"}
+    # texts differ for at least some of the knobs
+    assert len({o.text for o in (base, b1, tok, cal, short, only0, ada)}) > 1
+
+
+def test_single_method_is_the_lead_alone(spacey):
+    out = Ensemble(list(spacey), method="single", lead=1).generate([P], max_new_tokens=6)[0]
+    assert out.text == spacey[1].generate([P], max_new_tokens=6)[0].text
+
+
+def test_cost_counters_per_member(spacey):
+    out = Ensemble(list(spacey), method="word-fixed").generate(PROMPTS, max_new_tokens=6)
+    for o in out:
+        assert set(o.cost.forward_passes) == {m.name for m in spacey}
+        assert all(v > 0 for v in o.cost.tokens_processed.values()) and o.cost.wall_time_s > 0
+        assert o.stats["ensemble_rounds"] == o.stats["rounds"]
+
+
+# ---- configuration errors -----------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(method="nope"), "unknown method"),
+    (dict(bogus=1), "no option"),
+    (dict(threshold=1.5), "threshold"),
+    (dict(span=-1), "span"),
+    (dict(candidates=0), "candidates"),
+    (dict(normalise="bits"), "normalise"),
+    (dict(calibration="rank"), "calibration"),
+    (dict(max_word_tokens=0), "max_word_tokens"),
+    (dict(weights=[1.0]), "weights"),
+    (dict(weights=[-1.0, 1.0]), "weights"),
+    (dict(lead=2), "lead"),
+    (dict(method="single", threshold=0.5), "single"),
+    (dict(drafters=["lookup"]), "drafters"),
+])
+def test_config_errors_are_one_line(spacey, kwargs, needle):
+    with pytest.raises(ConfigError) as exc:
+        Ensemble(list(spacey), **kwargs)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
