@@ -154,3 +154,22 @@ def test_real_smollm2_prompt_lookup_greedy_equality():
     assert [o.text for o in outs] == [r.text for r in ref]
     eff = sum(o.stats["block_efficiency"] for o in outs) / len(outs)
     assert eff > 1.05
+
+
+def test_cli_generate_with_and_without_drafter(tmp_path, capsys):
+    from adafuse.cli import main
+
+    target = tiny_member("llama", tokenizer=bpe_tokenizer(), seed=0)
+    folder = tmp_path / "tiny"
+    target.model.save_pretrained(folder)
+    target.tokenizer.save_pretrained(folder)
+    base = ["generate", "--model", str(folder), "--prompt", "The quick brown", "--max_new_tokens", "12"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    assert main(base + ["--drafter", "lookup", "--drafts", "2", "--depth", "4"]) == 0
+    spec = capsys.readouterr().out
+    assert main(base + ["--drafter", str(folder), "--scheme", "without", "--drafts", "2", "--depth", "2",
+                        "--verifier", "rrs-without", "--temperature", "0.8", "--seed", "1"]) == 0
+    sampled = capsys.readouterr().out
+    assert plain.splitlines()[0] == spec.splitlines()[0]  # greedy: same text
+    assert "block efficiency" in spec and "tok/s" in spec and "acceptance by depth" in sampled

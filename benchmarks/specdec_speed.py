@@ -1,0 +1,197 @@
+"""Speed of lossless speculative decoding on the real Qwen pair, against transformers.
+
+Target qwen2.5-coder-1.5b (fp32 or bf16), GSM8K and WMT22 de-en prompts through the chat template,
+temperature 0 and 0.7 (top-k/top-p off, repetition penalty off), batch size 1, all in ONE process.
+Methods (per prompt, every method runs back to back, so load changes on a shared machine hit them
+alike):
+
+  hf-plain        transformers `model.generate` (greedy / sampling)
+  hf-assisted     transformers assisted generation with the 0.5B as assistant
+  ours-plain      our engine without a drafter (the same loop, one token per forward)
+  ours-model:S:N:K     our engine, 0.5B drafter, scheme S, N drafts per node, depth K
+  ours-lookup:N:K      our engine, prompt lookup, up to N continuations of up to K tokens
+  ours-hybrid:S:N:K    lookup when it finds a >= 2-token continuation, else the 0.5B (S, N, K)
+
+Reported per (temperature, method): new tokens/s and its ratio to hf-plain and to hf-assisted,
+block efficiency (tokens per target forward), mean acceptance, peak RSS sampled while the method ran,
+and at temperature 0 the share of prompts whose text equals hf-plain's (greedy agreement).
+
+Full spec:   python benchmarks/specdec_speed.py --prompts 16 --max_new_tokens 128
+Reduced run: python benchmarks/specdec_speed.py --prompts 3 --max_new_tokens 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+DATA = Path(os.environ.get("ADAFUSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DEFAULT_METHODS = ["hf-plain", "hf-assisted", "ours-model:greedy:2:3", "ours-lookup:3:6", "ours-hybrid:greedy:2:3"]
+
+
+def load_prompts(n: int) -> list[tuple[str, str]]:
+    gsm = [json.loads(line)["question"] for line in (DATA / "gsm8k" / "test.jsonl").open()][:n]
+    de = [line.strip() for line in (DATA / "wmt22" / "de-en.src").open()][:n]
+    return ([("gsm8k", q) for q in gsm]
+            + [("wmt22-de-en", f"Translate the following German text into English.\n\nGerman: {s}\nEnglish:")
+               for s in de])
+
+
+class PeakRSS:
+    """Peak resident set size of this process while the block runs (sampled every 50 ms)."""
+
+    def __enter__(self):
+        import psutil
+
+        self.proc = psutil.Process()
+        self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def hf_generate(target, assistant, ids: list[int], max_new: int, temperature: float, seed: int):
+    """(text, new tokens, forwards or None) with transformers' own generate."""
+    torch.manual_seed(seed)
+    x = torch.tensor([ids])
+    kw = dict(max_new_tokens=max_new, attention_mask=torch.ones_like(x), repetition_penalty=1.0,
+              eos_token_id=sorted(target.eos_token_ids), pad_token_id=sorted(target.eos_token_ids)[0])
+    if temperature > 0:
+        kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if assistant is not None:
+        kw["assistant_model"] = assistant.model
+    out = target.model.generate(x, **kw)[0, len(ids):].tolist()
+    cut = next((i for i, t in enumerate(out) if t in target.eos_token_ids), None)
+    n = len(out)
+    text = target.decode(out[:cut] if cut is not None else out)
+    return text, n
+
+
+def parse_method(spec: str, target, drafter_member):
+    from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+    from specdec.engine import SpeculativeGenerator
+
+    kind, *rest = spec.split(":")
+    if kind == "ours-plain":
+        return SpeculativeGenerator(target, None)
+    if kind == "ours-model":
+        scheme, n, k = rest
+        return SpeculativeGenerator(target, ModelDrafter(drafter_member), scheme=scheme, num_drafts=int(n), depth=int(k))
+    if kind == "ours-lookup":
+        n, k = rest
+        return SpeculativeGenerator(target, PromptLookupDrafter(), num_drafts=int(n), depth=int(k))
+    if kind == "ours-hybrid":
+        scheme, n, k = rest
+        return SpeculativeGenerator(target, HybridDrafter(ModelDrafter(drafter_member)), scheme=scheme,
+                                    num_drafts=int(n), depth=int(k))
+    raise SystemExit(f"unknown method {spec!r}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--drafter", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per dataset (GSM8K and WMT22 de-en)")
+    ap.add_argument("--max_new_tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--drafter_dtype", default=None, help="default: --dtype")
+    ap.add_argument("--temperatures", default="0,0.7")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--output", default=None, help="write per-prompt rows and the summary as JSON")
+    args = ap.parse_args(argv)
+
+    from adafuse.member import load_member
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m for m in args.methods.split(",") if m]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    need_drafter = any(m in ("hf-assisted",) or m.startswith(("ours-model", "ours-hybrid")) for m in methods)
+    target = load_member(args.target, dtype=args.dtype)
+    drafter = load_member(args.drafter, dtype=args.drafter_dtype or args.dtype) if need_drafter else None
+    gens = {m: parse_method(m, target, drafter) for m in methods if m.startswith("ours")}
+    prompts = load_prompts(args.prompts)
+    print(f"# target {args.target} {args.dtype}, drafter {args.drafter} {args.drafter_dtype or args.dtype}, "
+          f"{len(prompts)} prompts x {args.max_new_tokens} tokens, T={temps}, threads={torch.get_num_threads()}",
+          flush=True)
+    rows = []
+    for temp in temps:
+        for i, (task, prompt) in enumerate(prompts):
+            ids = target.encode_prompt(prompt)
+            for m in methods:
+                t_snap = target.counters.snapshot()
+                with PeakRSS() as rss:
+                    t0 = time.perf_counter()
+                    stats = {}
+                    if m.startswith("hf-"):
+                        text, n = hf_generate(target, drafter if m == "hf-assisted" else None, ids,
+                                              args.max_new_tokens, temp, args.seed + i)
+                    else:
+                        out = gens[m].generate([prompt], max_new_tokens=args.max_new_tokens, temperature=temp,
+                                               seed=args.seed + i)[0]
+                        text, n, stats = out.text, out.num_tokens, out.stats
+                    wall = time.perf_counter() - t0
+                fwd = target.counters.forward_passes - t_snap[0]
+                row = dict(temperature=temp, task=task, prompt=i, method=m, tokens=n, wall_s=wall,
+                           tok_s=n / wall, peak_rss_gb=rss.peak / 2 ** 30, text=text,
+                           block_efficiency=stats.get("block_efficiency"),
+                           acceptance=stats.get("acceptance_by_depth"), target_forwards=stats.get("target_forwards", fwd))
+                rows.append(row)
+                print(f"T={temp} {task}#{i} {m:26s} {n:4d} tok {wall:7.1f}s {n / wall:6.2f} tok/s"
+                      + (f"  BE {row['block_efficiency']:.2f}" if row["block_efficiency"] else ""), flush=True)
+    summary = summarize(rows, methods, temps)
+    print(summary)
+    if args.output:
+        Path(args.output).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    return 0
+
+
+def summarize(rows, methods, temps) -> str:
+    lines = ["", "| T | method | tokens | tok/s | x hf-plain | x hf-assisted | block eff. | accept d1 | peak RSS GB | greedy agree |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for temp in temps:
+        agg = {}
+        for m in methods:
+            rs = [r for r in rows if r["temperature"] == temp and r["method"] == m]
+            toks, wall = sum(r["tokens"] for r in rs), sum(r["wall_s"] for r in rs)
+            agg[m] = (rs, toks, wall, toks / max(wall, 1e-9))
+        base = agg.get("hf-plain", (None, 0, 0, None))[3]
+        assist = agg.get("hf-assisted", (None, 0, 0, None))[3]
+        plain_text = {(r["task"], r["prompt"]): r["text"] for r in agg.get("hf-plain", ([],))[0]}
+        for m in methods:
+            rs, toks, wall, tps = agg[m]
+            be = [r["block_efficiency"] for r in rs if r["block_efficiency"]]
+            acc = [r["acceptance"][0] for r in rs if r["acceptance"]]
+            agree = "-"
+            if temp == 0 and plain_text:
+                same = sum(plain_text.get((r["task"], r["prompt"])) == r["text"] for r in rs)
+                agree = f"{same}/{len(rs)}"
+            lines.append(
+                f"| {temp:g} | {m} | {toks} | {tps:.2f} | {tps / base:.2f} | " if base else f"| {temp:g} | {m} | {toks} | {tps:.2f} | - | ")
+            lines[-1] += (f"{tps / assist:.2f} | " if assist else "- | ")
+            lines[-1] += (f"{sum(be) / len(be):.2f} | " if be else "- | ")
+            lines[-1] += (f"{sum(acc) / len(acc):.2f} | " if acc else "- | ")
+            lines[-1] += f"{max(r['peak_rss_gb'] for r in rs):.1f} | {agree} |"
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
