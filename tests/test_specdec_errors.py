@@ -77,3 +77,9 @@ def test_residual_is_a_distribution():
     r = residual(P, Q)
     assert torch.allclose(r, torch.tensor([0.75, 0.25, 0.0, 0.0], dtype=torch.float64))
     assert torch.equal(residual(P, P), P)  # zero-mass residual falls back to p
+
+
+def test_engine_facing_aliases():
+    out = verify(P, Q, torch.tensor([0, 1]), "rrs_without", generator=torch.Generator().manual_seed(0))
+    assert int(out.index) == int(out.accepted_index)
+    assert repr(out) == "VerifyResult(token=(), accepted_index=())"
