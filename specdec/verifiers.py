@@ -21,6 +21,7 @@ Methods and the draft scheme each one needs:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -119,10 +120,19 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 # K-SEQ helpers
 def kseq_rho_star(p: torch.Tensor, q: torch.Tensor, n: int, iters: int = 60) -> float:
     """Smallest ρ in [1, n] with c(ρ) = (1 − (1 − β(ρ))^n) / β(ρ) <= ρ, β(ρ) = Σ min(q, p/ρ):
-    the K-SEQ residual is non-negative (the verifier is lossless) exactly when c(ρ) <= ρ."""
+    the K-SEQ residual is non-negative (the verifier is lossless) exactly when c(ρ) <= ρ.
+
+    One sort of p/q, then each β(ρ) = Σ_{p/q<ρ} p/ρ + Σ_{p/q>=ρ} q is a binary search."""
+    ratio = torch.where(q > 0, p / q, torch.full_like(p, math.inf))
+    order = torch.argsort(ratio)
+    ratio_s = ratio[order].contiguous()
+    p_below = torch.cat([p.new_zeros(1), torch.cumsum(p[order], 0)])  # Σ p over the first k
+    q_sorted = q[order]
+    q_above = torch.cat([torch.flip(torch.cumsum(torch.flip(q_sorted, [0]), 0), [0]), q.new_zeros(1)])
 
     def excess(rho: float) -> float:
-        beta = float(torch.minimum(q, p / rho).sum())
+        k = int(torch.searchsorted(ratio_s, torch.tensor([rho], dtype=ratio_s.dtype)))
+        beta = float(p_below[k]) / rho + float(q_above[k])
         c = float(n) if beta <= 0 else (1.0 - (1.0 - beta) ** n) / beta
         return c - rho
 
