@@ -278,3 +278,26 @@ def test_config_errors_are_one_line(spacey, kwargs, needle):
     with pytest.raises(ConfigError) as exc:
         Ensemble(list(spacey), **kwargs)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+# ---- speculative members ------------------------------------------------------------------------
+REPEATING = " 16*16 = 256\n-3 + 4 = 1\n\nShe has 18 apples. 16*16 = 256 and 16*16 = 256"
+
+
+@pytest.mark.parametrize("lead", [0, 1])
+def test_greedy_output_is_identical_with_speculative_lead(lead):
+    a = scripted_member(bpe_tokenizer(), REPEATING, P, "bpe-script")
+    b = scripted_member(char_tokenizer(), REPEATING, P, "char-script")
+    plain = Ensemble([a, b], lead=lead).generate([P], max_new_tokens=200)[0]
+    spec = Ensemble([a, b], lead=lead, drafters=["lookup", "lookup"]).generate([P], max_new_tokens=200)[0]
+    assert plain.text == spec.text == REPEATING
+    assert [(r.kind, r.units, r.gate) for r in plain.trace] == [(r.kind, r.units, r.gate) for r in spec.trace]
+
+
+def test_greedy_output_is_identical_with_speculation_on_random_members(spacey):
+    for kw in (dict(threshold=0.0, span=3), dict(threshold=0.05)):
+        plain = Ensemble(list(spacey), max_word_tokens=6, **kw).generate(PROMPTS, max_new_tokens=12)
+        spec = Ensemble(list(spacey), max_word_tokens=6, drafters=["lookup", None], **kw).generate(PROMPTS, max_new_tokens=12)
+        for x, y in zip(plain, spec):
+            assert x.text == y.text
+            assert [g for r in x.trace for g in r.gate] == [g for r in y.trace for g in r.gate]

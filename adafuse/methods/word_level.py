@@ -245,29 +245,32 @@ class WordFusion:
         view = self.views[self.lead]
         member = view.member
         if self.speculators[self.lead] is None:
-            words = self._decode_word(view, rows)
+            words = {b: ([(w, margins[b])], eos) for b, (w, eos) in self._decode_word(view, rows).items()}
         else:
-            words = self._speculative_words(rows)
+            words = self._speculative_words(rows, margins)
         pieces = ["" for _ in self.texts]
         for b in rows:
-            text, eos = words[b]
+            text = "".join(w for w, _ in words[b][0])
             view.texts[b] += text
             pieces[b] = text
         view.sync([b for b in rows if pieces[b]])
         for b in rows:
-            text, eos = words[b]
-            trace = self.traces[b]
-            gate = {"margin": round(margins[b], 4), "decision": "confident"}
-            if trace and trace[-1].kind == "confident" and self.streak[b] > 0:
-                trace[-1].units.append(text)
-                trace[-1].gate.append(gate)
-            else:
-                trace.append(Round("confident", [text], [gate], member.name))
-            if not text:
-                trace[-1].units.pop()
-                trace[-1].chosen = EOS_KEY if eos else None
-            self.streak[b] += 1
-            self._commit(b, text, lead_has_it=True)
+            spans, eos = words[b]
+            for text, margin in spans:
+                if self.finish[b] is not None:
+                    break
+                trace = self.traces[b]
+                gate = {"margin": round(margin, 4), "decision": "confident"}
+                if trace and trace[-1].kind == "confident" and self.streak[b] > 0:
+                    trace[-1].units.append(text)
+                    trace[-1].gate.append(gate)
+                else:
+                    trace.append(Round("confident", [text], [gate], member.name))
+                if not text:
+                    trace[-1].units.pop()
+                    trace[-1].chosen = EOS_KEY if eos else None
+                self.streak[b] += 1
+                self._commit(b, text, lead_has_it=True)
             if eos and self.finish[b] is None:
                 self.finish[b] = "eos"
             self._check_length(b)
@@ -314,8 +317,100 @@ class WordFusion:
             live = still
         return out
 
-    def _speculative_words(self, rows: list[int]) -> dict[int, tuple[str, bool]]:
-        raise NotImplementedError  # replaced when specdec.SpeculativeGenerator is integrated
+    def _speculative_words(self, rows: list[int], margins: dict[int, float]
+                           ) -> dict[int, tuple[list[tuple[str, float]], bool]]:
+        """Confident words of a lead that has a `specdec.SpeculativeGenerator`: one speculative
+        `decode` per step continues the lead's own KV state for up to the rest of the span; the
+        target's distribution after every committed token is recorded, so each later word start is
+        gated exactly as the plain path would gate it (margin, span, canonical boundary, length).
+        Tokens past the last accepted word are rolled back. Greedy output equals the plain path's.
+        Returns row -> ([(word, gate margin at its start)], hit EOS)."""
+        cfg = self.config
+        view = self.views[self.lead]
+        member, state = view.member, view.state
+        want = set(rows)
+        budget = {b: cfg.span - self.streak[b] for b in rows}
+        before = list(state.lengths)
+        saved = state.last_logits.clone()
+
+        def stop_fn(b: int, new: list[int]) -> bool:
+            return b not in want or count_complete_units(member.decode(new)) >= budget[b]
+
+        rec = _Recorder(state)
+        try:
+            new_ids = self.speculators[self.lead].decode(
+                state, max(budget.values()) * cfg.max_word_tokens + 1, stop_fn=stop_fn,
+                temperature=self.temperature, generators=self.gens)
+        finally:
+            rec.close()
+        out: dict[int, tuple[list[tuple[str, float]], bool]] = {}
+        keep = [before[b] for b in range(state.batch_size)]
+        last: dict[int, torch.Tensor] = {b: saved[b] for b in range(state.batch_size) if b not in want}
+        for b in rows:
+            words, n_keep, eos = self._walk_chunk(b, new_ids[b], rec.after[b], margins[b], budget[b])
+            out[b] = (words, eos)
+            keep[b] = before[b] + n_keep
+            if n_keep < len(new_ids[b]):
+                last[b] = rec.after[b][n_keep - 1] if n_keep else saved[b]
+        state.rollback(keep)
+        for b, logits in last.items():  # the distribution at the kept boundary is already known
+            state.last_logits[b] = logits
+            state._stale.discard(b)
+        return out
+
+    def _walk_chunk(self, b: int, ids: list[int], after: list[torch.Tensor], first_margin: float,
+                    budget: int) -> tuple[list[tuple[str, float]], int, bool]:
+        """Split a speculatively decoded chunk into the words the plain path would have committed.
+        Returns (words with their gate margins, tokens to keep, hit EOS)."""
+        cfg = self.config
+        view = self.views[self.lead]
+        member = view.member
+        have = view.output_ids(b)
+        words: list[tuple[str, float]] = []
+        cur: list[int] = []
+        text, margin, j = "", first_margin, 0
+
+        def accept_boundary(n_tokens: int) -> float | None:
+            """After a word that ends at token n_tokens: the next word's margin if the plain path
+            would continue confidently from this exact state, else None."""
+            committed = view.texts[b] + "".join(w for w, _ in words)
+            if member.encode(committed) != have + ids[:n_tokens]:
+                return None  # the plain path would repair the boundary here
+            if len(have) + n_tokens >= self.max_new_tokens or len(words) >= budget:
+                return None
+            m = float(top2_margin(torch.softmax(after[n_tokens - 1].float(), -1)[None])[0])
+            return m if m >= cfg.threshold else None
+
+        while j < len(ids):
+            tok = ids[j]
+            if tok in member.eos_token_ids:
+                if text:
+                    words.append((text, margin))
+                return words, j, True
+            new = member.decode(cur + [tok])
+            end = word_end(new)
+            if end is not None and end <= len(text) and cur:  # tok starts the next word
+                words.append((text, margin))
+                nxt = accept_boundary(j)
+                if nxt is None:
+                    return words, j, False
+                cur, text, margin = [], "", nxt
+                continue
+            cur.append(tok)
+            if end is not None:  # tok straddles the boundary: the plain path stops and repairs
+                words.append((new[:end], margin))
+                return words, j + 1, False
+            text = new
+            j += 1
+            if len(cur) >= cfg.max_word_tokens:
+                words.append((text, margin))
+                nxt = accept_boundary(j)
+                if nxt is None:
+                    return words, j, False
+                cur, text, margin = [], "", nxt
+        if text:  # the chunk ended inside a word (length cap): keep the words before it
+            return words, j - len(cur), False
+        return words, j, False
 
     # ---- uncertain path: ensemble one word -------------------------------------------------
     def _ensemble_word(self, rows: list[int], gates: dict[int, tuple[float, str]]) -> None:
@@ -428,6 +523,54 @@ class WordFusion:
                                          total if b == 0 else Cost(), trace=self.traces[b],
                                          stats=round_stats(self.traces[b], self.texts[b])))
         return split_batch_cost(outs)
+
+
+def count_complete_units(text: str) -> int:
+    """How many units of `text` are complete (the next unit has started)."""
+    n, rest = 0, text
+    while rest:
+        end = word_end(rest)
+        if end is None:
+            break
+        n += 1
+        rest = rest[end:]
+    return n
+
+
+class _Recorder:
+    """Records, while a speculative engine continues a `KVState`, the target's logits after every
+    token it commits (tree nodes on `accept`, appended tokens on `append`), per row, in order.
+    It wraps the three methods on the instance and `close()` removes the wrappers."""
+
+    def __init__(self, state: Any):
+        self.state = state
+        self.after: list[list[torch.Tensor]] = [[] for _ in range(state.batch_size)]
+        self._logits: torch.Tensor | None = None
+        forward_tree, accept, append = state.forward_tree, state.accept, state.append
+
+        def rec_forward_tree(tokens, parents):
+            self._logits = forward_tree(tokens, parents)
+            return self._logits
+
+        def rec_accept(paths):
+            if self._logits is not None:
+                for row, path in enumerate(paths):
+                    self.after[row].extend(self._logits[row, n] for n in path)
+            self._logits = None
+            accept(paths)
+
+        def rec_append(tokens, return_logits=True):
+            logits = append(tokens, return_logits=True)
+            if logits is not None:
+                for row, t in enumerate(tokens):
+                    self.after[row].extend(logits[row, i] for i in range(len(t)))
+            return logits if return_logits else None
+
+        state.forward_tree, state.accept, state.append = rec_forward_tree, rec_accept, rec_append
+
+    def close(self) -> None:
+        for name in ("forward_tree", "accept", "append"):
+            self.state.__dict__.pop(name, None)
 
 
 def continuation_ids(view: MemberText, row: int, text: str) -> list[int]:
