@@ -153,6 +153,9 @@ class ModelDrafter(Drafter):
         frontier = [[0] if active[b] else [] for b in range(B)]
         node_q = [{0: root_q[b]} for b in range(B)]
         budget_left = [node_budget if node_budget else 10 ** 9 for _ in range(B)]
+        chain = True
+        committed: list[set[int]] = [set() for _ in range(B)]
+        fwd_index: list[dict[int, int]] = [{} for _ in range(B)]
         for level in range(depth):
             new_frontier: list[list[int]] = [[] for _ in range(B)]
             for b in range(B):
@@ -174,12 +177,34 @@ class ModelDrafter(Drafter):
             frontier = new_frontier
             if level == depth - 1 or not any(frontier):
                 break
-            # one drafter forward over every drafted node of every row gives q at the new frontier
-            toks = [t.tokens[1:] for t in trees]
-            pars = [[p - 1 for p in t.parents[1:]] for t in trees]  # tree index i -> forward index i-1
-            logits = st.forward_tree(toks, pars)
+            # one drafter forward gives q at the new frontier of every row. While each row's tree is
+            # a chain, its nodes are committed (append: one token per row per forward; the next
+            # sync rolls rejected ones back); once a row branches, the uncommitted nodes go through
+            # one forward_tree hanging below the committed chain.
+            if chain and all(len(f) <= 1 for f in frontier):
+                logits = st.append([[trees[b].tokens[f[0]]] if f else [] for b, f in enumerate(frontier)])
+                for b, f in enumerate(frontier):
+                    if f:
+                        fwd_index[b] = {f[0]: 0}
+                        committed[b].add(f[0])
+            else:
+                chain = False
+                toks, pars = [], []
+                for b, t in enumerate(trees):
+                    idx: dict[int, int] = {}
+                    tk, pr = [], []
+                    for i in range(1, len(t)):
+                        if i in committed[b]:
+                            continue
+                        idx[i] = len(tk)
+                        tk.append(t.tokens[i])
+                        pr.append(idx.get(t.parents[i], -1))  # parent committed (chain tip) -> -1
+                    fwd_index[b] = idx
+                    toks.append(tk)
+                    pars.append(pr)
+                logits = st.forward_tree(toks, pars)
             rows = [b for b in range(B) for _ in frontier[b]]
-            cols = [node - 1 for b in range(B) for node in frontier[b]]
+            cols = [fwd_index[b][node] for b in range(B) for node in frontier[b]]
             qs = self._probs(logits[rows, cols], temperature, top_k, top_p)  # one warp for all rows
             for j, (b, node) in enumerate(zip(rows, (n for b in range(B) for n in frontier[b]))):
                 node_q[b][node] = qs[j]

@@ -110,6 +110,7 @@ CASES = [
     # (verifier, scheme, n, depth, node_budget, warp)
     ("rrs", "with", 1, 1, None, "T1"),
     ("rrs", "with", 3, 2, None, "warped"),
+    ("rrs", "with", 1, 3, None, "warped"),      # a chain: drafter commits its drafts, re-syncs after
     ("k-seq", "with", 2, 2, None, "T1"),
     ("rrs-without", "without", 2, 1, None, "T1"),
     ("rrs-without", "without", 3, 3, None, "warped"),
