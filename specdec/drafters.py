@@ -39,7 +39,9 @@ class Drafter:
     def draft(self, contexts: Sequence[Sequence[int] | None], *, scheme: str, num_drafts: int,
               depth: int | Sequence[int],
               node_budget: int | None, temperature: float, top_k: int, top_p: float,
-              generators: list[torch.Generator | None]) -> list[DraftTree]:
+              generators: list[torch.Generator | None], limit: Sequence[int] | None = None) -> list[DraftTree]:
+        """One tree per row. `depth`: the engine's tree depth per row; `limit`: the most tokens a row
+        may still draft (a drafter with its own depth, like prompt lookup, stays within it)."""
         raise NotImplementedError
 
 
@@ -138,7 +140,8 @@ class ModelDrafter(Drafter):
         add_children(tree, node, drafts, q, [float(q[t]) for t in drafts])
 
     @torch.no_grad()
-    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators):
+    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators,
+              limit=None):
         B = len(contexts)
         row_depth = per_row(depth, B)
         depth = max(row_depth, default=0)
@@ -248,10 +251,12 @@ class PromptLookupDrafter(Drafter):
                     return out
         return out
 
-    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators):
+    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators,
+              limit=None):
         n = self.num_drafts or num_drafts
         depths = per_row(depth, len(contexts))
-        ks = [min(self.depth, d) if self.depth else d for d in depths]
+        limits = per_row(limit, len(contexts)) if limit is not None else depths
+        ks = [min(self.depth, lim) if self.depth else d for d, lim in zip(depths, limits)]
         return [tree_from_sequences(self.continuations(c, n, k)) if c and k > 0 else DraftTree()
                 for c, k in zip(contexts, ks)]
 

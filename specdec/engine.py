@@ -261,7 +261,8 @@ class SpeculativeGenerator:
             if self.drafter is not None and max(depth) > 0:
                 trees = self.drafter.draft(contexts, scheme=self.scheme, num_drafts=self.num_drafts, depth=depth,
                                            node_budget=self.node_budget, temperature=temperature, top_k=top_k,
-                                           top_p=top_p, generators=gens)
+                                           top_p=top_p, generators=gens,
+                                           limit=[max(0, r - 1) if not done[b] else 0 for b, r in enumerate(room)])
             else:
                 trees = [DraftTree() for _ in range(B)]
             fw = [forward_inputs(trees[b], pending[b]) if not done[b] else ([], [], [-1]) for b in range(B)]
