@@ -166,7 +166,7 @@ def normalisation_main(args) -> None:
                     if cond:
                         table[f"{n}/{c}"][0] += int(pick == gold)
                         table[f"{n}/{c}"][1] += 1
-            fusion._commit(b, gold, lead_has_it=False)
+            fusion._commit(b, gold, held_by=())
         fusion.flush(args.lead, rows)
         print(f"  word {pos}: {len(rows)} rows, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     report = {"positions": lead_hits[1], "lead_top1_is_gold": round(lead_hits[0] / max(lead_hits[1], 1), 4),

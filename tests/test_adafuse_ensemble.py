@@ -6,7 +6,6 @@ import torch
 
 from adafuse.ensemble import Ensemble
 from adafuse.errors import ConfigError
-from adafuse.member import KVState
 from adafuse.methods.word_level import WordConfig, WordFusion
 from adafuse.testing import bpe_tokenizer, char_tokenizer
 from test_adafuse_helpers import scripted_member, spacey_member
@@ -109,23 +108,27 @@ def test_candidate_union_and_scores(spacey):
 
 def test_scoring_is_one_forward_per_member_per_round(spacey, monkeypatch):
     calls = []
-    original = KVState.score
+    score, commit = WordFusion.candidate_logprobs, WordFusion.commit_chosen
 
-    def counting(self, continuations):
-        before = self.member.counters.forward_passes
-        result = original(self, continuations)
-        calls.append((self.member.name, self.member.counters.forward_passes - before,
-                      sum(len(c) for c in continuations)))
-        return result
+    def counting(fn, label):
+        def wrapped(self, rows, cands):
+            before = [m.counters.forward_passes for m in self.members]
+            result = fn(self, rows, cands)
+            calls.append((label, [m.counters.forward_passes - x for m, x in zip(self.members, before)],
+                          sum(len(c) for c in cands.values()), len(rows)))
+            return result
+        return wrapped
 
-    monkeypatch.setattr(KVState, "score", counting)
-    out = Ensemble(list(spacey), method="word-fixed").generate(PROMPTS, max_new_tokens=10)
-    steps = max(sum(1 for r in o.trace if r.kind == "ensemble") for o in out)
-    per_member = {m.name: [c for c in calls if c[0] == m.name] for m in spacey}
-    for name, cs in per_member.items():
-        assert len(cs) == steps                                  # one score call per round (all rows)
-        assert all(forwards == 1 for _, forwards, _ in cs)       # ... and it is one forward
-        assert max(n for _, _, n in cs) > 2                      # ... holding several candidates
+    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting(score, "score"))
+    monkeypatch.setattr(WordFusion, "commit_chosen", counting(commit, "commit"))
+    out = Ensemble(list(spacey), method="word-fixed", max_word_tokens=6).generate(PROMPTS, max_new_tokens=10)
+    scores = [c for c in calls if c[0] == "score"]
+    commits = [c for c in calls if c[0] == "commit"]
+    assert len(scores) == max(sum(1 for r in o.trace if r.kind == "ensemble") for o in out)
+    assert all(fw == [1, 1] for _, fw, _, _ in scores)       # one forward per member, all rows, all candidates
+    assert max(n for _, _, n, _ in scores) > 4 and max(r for *_, r in scores) == 2
+    # keeping the chosen branch costs no forward (a boundary repair, when needed, at most one)
+    assert all(max(fw) <= 1 for _, fw, _, _ in commits) and sum(sum(fw) for _, fw, _, _ in commits) < len(commits)
 
 
 def test_choice_is_not_whoever_proposed_it():

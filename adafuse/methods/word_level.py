@@ -168,16 +168,16 @@ class WordFusion:
     def _row_gen(self, b: int) -> torch.Generator | None:
         return self.gens[b] if self.gens is not None else None
 
-    def _commit(self, b: int, unit: str, lead_has_it: bool) -> None:
-        """Append `unit` to row b's shared text; members other than those that already hold it get
-        it lazily. Then check stop strings and the length limit."""
+    def _commit(self, b: int, unit: str, held_by: Sequence[int]) -> None:
+        """Append `unit` to row b's shared text; members not in `held_by` (which already hold it in
+        their cache) get it lazily. Then check stop strings."""
         if not unit:
             return
         start = len(self.texts[b])
         self.texts[b] += unit
         self.units[b].append(unit)
         for m in range(len(self.members)):
-            if m != self.lead or not lead_has_it:
+            if m not in held_by:
                 self.pending[m][b] += unit
         for s in self.stop:
             cut = self.texts[b].find(s, max(0, start - len(s) + 1))
@@ -270,7 +270,7 @@ class WordFusion:
                     trace[-1].units.pop()
                     trace[-1].chosen = EOS_KEY if eos else None
                 self.streak[b] += 1
-                self._commit(b, text, lead_has_it=True)
+                self._commit(b, text, held_by=(self.lead,))
             if eos and self.finish[b] is None:
                 self.finish[b] = "eos"
             self._check_length(b)
@@ -427,13 +427,16 @@ class WordFusion:
                     s = normalised_score(logprobs[m][b][j], c.text or "x", cfg.normalise)
                     raw[b][m, j] = s
                     c.scores[names[m]] = round(s, 4)
-        lead_pieces = ["" for _ in self.texts]
+        picks: dict[int, int] = {}
         for b in rows:
             fused = fuse_scores(raw[b], self.weights, cfg.calibration)
             for c, f in zip(cands[b], fused.tolist()):
                 c.fused = round(f, 4)
-            j = choose(fused, self.temperature, self._row_gen(b))
-            chosen = cands[b][j]
+            picks[b] = choose(fused, self.temperature, self._row_gen(b))
+        self.commit_chosen(picks, cands)
+        everyone = tuple(range(len(self.members)))
+        for b in rows:
+            chosen = cands[b][picks[b]]
             margin, decision = gates[b]
             self.traces[b].append(Round("ensemble", [chosen.text] if chosen.text else [],
                                         [{"margin": round(margin, 4), "decision": decision}],
@@ -442,11 +445,7 @@ class WordFusion:
             if chosen.eos:
                 self.finish[b] = "eos"
                 continue
-            lead_pieces[b] = chosen.text
-            self._commit(b, chosen.text, lead_has_it=True)
-        # the lead needs the new text now (its distribution drives the next gate)
-        self.views[self.lead].extend(lead_pieces)
-        for b in rows:
+            self._commit(b, chosen.text, held_by=everyone)
             self._check_length(b)
 
     def propose(self, rows: list[int]) -> dict[int, list[Candidate]]:
@@ -488,22 +487,60 @@ class WordFusion:
                            ) -> list[dict[int, list[torch.Tensor]]]:
         """Per member, per row, per candidate: the member's log-probs of its own tokens of the
         candidate given the row's committed text (an EOS candidate: log p(any EOS of the member)).
-        One `score` forward per member for all rows and candidates."""
+        One tree forward per member for all rows and candidates (the same forward `KVState.score`
+        makes); the tree stays open so that `commit_chosen` can keep the chosen branch without
+        another forward (any other state operation discards it)."""
         out = []
+        self._tree_paths: list[dict[tuple[int, int], list[int]]] = []
         for view in self.views:
-            conts: list[list[list[int]]] = [[] for _ in self.texts]
+            state = view.state
+            tokens: list[list[int]] = [[] for _ in self.texts]
+            parents: list[list[int]] = [[] for _ in self.texts]
+            spans: dict[tuple[int, int], tuple[int, list[int]]] = {}
             for b in rows:
-                conts[b] = [continuation_ids(view, b, c.text) for c in cands[b] if not c.eos]
-            lps = view.state.score(conts)
-            last_lp = torch.log_softmax(view.state.last_logits.float(), dim=-1)
+                for j, c in enumerate(cands[b]):
+                    if c.eos:
+                        continue
+                    ids = continuation_ids(view, b, c.text)
+                    start = len(tokens[b])
+                    tokens[b].extend(ids)
+                    parents[b].extend([-1] + list(range(start, start + len(ids) - 1)))
+                    spans[(b, j)] = (start, ids)
+            logits = state.forward_tree(tokens, parents) if any(tokens) else None
+            last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
             eos_ids = sorted(view.member.eos_token_ids)
             per_row: dict[int, list[torch.Tensor]] = {}
             for b in rows:
-                it = iter(lps[b])
-                per_row[b] = [(torch.logsumexp(last_lp[b, eos_ids], dim=0)[None].cpu() if eos_ids
-                               else torch.tensor([-1e4])) if c.eos else next(it) for c in cands[b]]
+                lp_row = torch.log_softmax(logits[b, : len(tokens[b])], dim=-1) if tokens[b] else None
+                row = []
+                for j, c in enumerate(cands[b]):
+                    if c.eos:
+                        row.append(torch.logsumexp(last_lp[b, eos_ids], dim=0)[None].cpu() if eos_ids
+                                   else torch.tensor([-1e4]))
+                        continue
+                    start, ids = spans[(b, j)]
+                    prev = torch.cat([last_lp[b: b + 1], lp_row[start: start + len(ids) - 1]], dim=0)
+                    row.append(prev.gather(-1, torch.tensor(ids, device=prev.device)[:, None]).squeeze(-1).cpu())
+                per_row[b] = row
+            self._tree_paths.append({key: list(range(start, start + len(ids))) for key, (start, ids) in spans.items()})
             out.append(per_row)
         return out
+
+    def commit_chosen(self, chosen: dict[int, int], cands: dict[int, list[Candidate]]) -> None:
+        """Every member keeps the chosen candidate's branch of its open scoring tree (no forward),
+        then its boundary is checked against the canonical encoding (`MemberText.sync`)."""
+        for m, view in enumerate(self.views):
+            paths: list[list[int]] = [[] for _ in self.texts]
+            for b, j in chosen.items():
+                if not cands[b][j].eos:
+                    paths[b] = self._tree_paths[m][(b, j)]
+            if view.state._tree is not None:
+                view.state.accept(paths)
+            elif any(paths):
+                raise RuntimeError("commit_chosen() needs the trees of candidate_logprobs()")
+            for b, j in chosen.items():
+                view.texts[b] += cands[b][j].text
+            view.sync([b for b, j in chosen.items() if cands[b][j].text])
 
     # ---- whole run -------------------------------------------------------------------------
     def run(self, on_step: Callable[["WordFusion"], None] | None = None) -> list[GenerationOutput]:

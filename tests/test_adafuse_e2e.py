@@ -1,0 +1,31 @@
+"""End to end on two real members with different tokenizers (SmolLM2 BPE + chat template, Gemma 3
+SentencePiece base model): adafuse runs, its text is its committed units, and a speculative lead
+(prompt lookup) gives the same greedy output."""
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Question: Tom has 3 apples and buys 2 more. How many apples does he have now?\nAnswer:",
+           "Question: Natalia sold 48 clips in April and half as many in May. How many clips in May?\nAnswer:"]
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    from adafuse import registry
+    from adafuse.member import load_member
+
+    registry.fetch("gemma3-270m")
+    return load_member("gemma3-270m", dtype="float32")
+
+
+def test_adafuse_smollm2_gemma3(smollm2, gemma):
+    from adafuse import Ensemble
+
+    kw = dict(max_new_tokens=24, stop=["\n\nQuestion:"])
+    outs = Ensemble([smollm2, gemma], method="adafuse").generate(PROMPTS, **kw)
+    for out in outs:
+        assert out.text.strip()
+        assert "".join("".join(r.units) for r in out.trace) == out.text
+        assert out.stats["rounds"] >= 1 and set(out.cost.forward_passes) == {smollm2.name, gemma.name}
+    spec = Ensemble([smollm2, gemma], method="adafuse", drafters=["lookup", None]).generate(PROMPTS, **kw)
+    assert [o.text for o in spec] == [o.text for o in outs]
