@@ -7,7 +7,7 @@ What is exact and what is Monte Carlo (all in float64):
                P(accept) = 1 − (1−β)^n + Σ_x res(x) [(1−β)^n − (1−β−r(x))^n] / (1−β)^n
                (the residual may emit a drafted token; that counts as accepted).
   greedy       exact closed form p(G) + Σ_{x∉G} min(p, q') (= α*(greedy)).
-  spechub      exact closed form, O(V) (sum over the first draft).
+  spechub      exact closed form, O(V): Σ take_ia + Σ take_ai + min(p(a), leftover mass).
   lp-optimal   = α*(scheme) (the optimal coupling attains the bound).
   rrs-without  exact enumeration when the number of ordered draft tuples is <= `exact_limit`;
                otherwise Monte Carlo over draft tuples with the verifier's coins integrated out
@@ -24,7 +24,7 @@ import torch
 
 from specdec.bound import optimal_acceptance
 from specdec.drafts import check_n, check_pair, greedy_residual_draft, greedy_set, to_float64
-from specdec.verifiers import _kseq_parts, check_method, normalize_method, output_law, residual
+from specdec.verifiers import _kseq_parts, check_method, normalize_method, output_law, residual, spechub_parts
 
 
 @dataclass(frozen=True)
@@ -111,17 +111,10 @@ def _kseq(p: torch.Tensor, q: torch.Tensor, n: int, rho: float | None) -> float:
 
 
 def _spechub(p: torch.Tensor, q: torch.Tensor) -> float:
-    hub = int(greedy_set(q, 2)[0])
-    p2 = residual(p, q)
-    m1 = torch.minimum(p, q)  # first draft x ~ q accepted
-    others = torch.ones_like(p, dtype=torch.bool)
-    others[hub] = False
-    # order (x, hub), x != hub: accept x, else accept the hub with prob p2(hub)
-    part_x = float(m1[others].sum()) + float(p2[hub]) * float((q - m1)[others].sum())
-    # order (hub, x): accept the hub, else x ~ q' accepted with Σ min(q', p2)
-    q_prime = greedy_residual_draft(q, 2)
-    part_hub = float(m1[hub]) + float(q[hub] - m1[hub]) * float(torch.minimum(q_prime, p2).sum())
-    return part_x + part_hub
+    """Σ_i take_ia + Σ_i take_ai + min(p(a), all leftovers): the residual never emits a pair member."""
+    parts = spechub_parts(p, q)
+    left = float((parts.pair_ia - parts.take_ia).sum() + (parts.pair_ai - parts.take_ai).sum())
+    return float(parts.take_ia.sum() + parts.take_ai.sum()) + min(float(p[parts.hub]), left)
 
 
 def _rrs_without_mc(p: torch.Tensor, q: torch.Tensor, n: int, num_samples: int, generator) -> Acceptance:

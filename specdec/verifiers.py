@@ -13,9 +13,12 @@ Methods and the draft scheme each one needs:
                           on rejection p' <- norm((p' − q)+); all rejected -> y ~ p'.
   "rrs-without"  without  as "rrs", and after each rejection q <- q without x_i, renormalised.
   "k-seq"        with     SpecTr: accept x_i w.p. min(1, p/(ρ q)); residual chosen so y ~ p.
-  "spechub"      greedy   n = 2: hub a = argmax q is always drafted, paired with x ~ q'. The pair is
-                          ordered as SpecHub samples it (hub first w.p. q(a)) and checked by two
-                          rejection stages (first draft ~ q, second ~ its law given the first).
+  "spechub"      greedy   n = 2, SpecHub (Sun et al., EMNLP 2024): hub a = argmax q; the ordered pair is
+                          (i, a) w.p. q(i) or (a, i) w.p. q(a) q(i)/(1 − q(a)) — as a set, exactly the
+                          greedy scheme with n = 2 (the order is re-drawn: hub first w.p. q(a)).
+                          Transport as the authors describe it: i is taken from (i, a) up to
+                          min(p, q), then from (a, i) up to what p(i) has left; the pairs' leftover
+                          mass goes to the hub up to p(a); the rest to the residual p''.
   "greedy"       greedy   accept x_n w.p. min(1, p/q'); else y ~ norm(p − min(p, q')). Optimal.
   "lp-optimal"   any      y ~ the optimal coupling's conditional given the drafts (LP; small V only).
 """
@@ -211,9 +214,13 @@ def output_law(
         return law + (1.0 - a) * _greedy_residual(p, q_prime)
     if method == "spechub":
         hub, x = d
+        parts = spechub_parts(p, q)
         out = torch.zeros_like(p)
-        for first, second, weight in ((hub, x, float(q[hub])), (x, hub, 1.0 - float(q[hub]))):
-            out += weight * _spechub_law(p, q, hub, first, second)
+        for first, weight in ((hub, float(q[hub])), (x, 1.0 - float(q[hub]))):
+            take_x, take_hub = _spechub_pair(parts, x, hub_first=first == hub)
+            out[x] += weight * take_x
+            out[hub] += weight * take_hub
+            out += weight * (1.0 - take_x - take_hub) * parts.residual
         return out
     return _lp_row(p, q, d, scheme)
 
@@ -234,26 +241,50 @@ def _greedy_residual(p: torch.Tensor, q_prime: torch.Tensor) -> torch.Tensor:
     return res / mass if mass > 0 else p.clone()
 
 
-def _spechub_stage2(q: torch.Tensor, hub: int, first: int) -> torch.Tensor:
-    """Law of the second draft given the first: q' (q without the hub) after the hub, else δ_hub."""
-    if first == hub:
-        q2 = q.clone()
-        q2[hub] = 0.0
-        return q2 / q2.sum()
-    q2 = torch.zeros_like(q)
-    q2[hub] = 1.0
-    return q2
+@dataclass(frozen=True)
+class SpecHubParts:
+    """SpecHub's transport for one (p, q): per-token masses [V] (hub entries unused) and hub fractions."""
+
+    hub: int
+    pair_ia: torch.Tensor  # Q(i, a) = q(i)
+    pair_ai: torch.Tensor  # Q(a, i) = q(a) q(i) / (1 − q(a))
+    take_ia: torch.Tensor  # mass of (i, a) sent to i: min(p(i), q(i))
+    take_ai: torch.Tensor  # mass of (a, i) sent to i: min(p(i) − take_ia(i), Q(a, i))
+    hub_frac_ia: float  # share of each (i, a) leftover sent to the hub
+    hub_frac_ai: float  # share of each (a, i) leftover sent to the hub
+    residual: torch.Tensor  # [V] law of y when neither: ∝ p(i) − take_ia − take_ai
+
+    def __repr__(self) -> str:
+        return f"SpecHubParts(hub={self.hub}, V={self.residual.shape[-1]})"
 
 
-def _spechub_law(p: torch.Tensor, q: torch.Tensor, hub: int, first: int, second: int) -> torch.Tensor:
-    law = torch.zeros_like(p)
-    a1 = min(1.0, float(p[first] / q[first]))
-    law[first] += a1
-    p2 = residual(p, q)
-    q2 = _spechub_stage2(q, hub, first)
-    a2 = min(1.0, float(p2[second] / q2[second]))
-    law[second] += (1.0 - a1) * a2
-    return law + (1.0 - a1) * (1.0 - a2) * residual(p2, q2)
+def spechub_parts(p: torch.Tensor, q: torch.Tensor) -> SpecHubParts:
+    """Precompute SpecHub's transport plan for target p [V] and draft q [V] (float64)."""
+    hub = int(greedy_set(q, 2)[0])
+    others = torch.ones_like(p)
+    others[hub] = 0.0
+    pair_ia = q * others
+    pair_ai = q[hub] * q / (1.0 - q[hub]) * others
+    take_ia = torch.minimum(p, q) * others
+    p1 = p * others - take_ia
+    take_ai = torch.minimum(p1, pair_ai)
+    left_ia, left_ai = float((pair_ia - take_ia).sum()), float((pair_ai - take_ai).sum())
+    hub_ai = min(float(p[hub]), left_ai)
+    hub_ia = min(float(p[hub]) - hub_ai, left_ia)
+    rest = (p1 - take_ai).clamp(min=0.0)
+    mass = float(rest.sum())
+    residual = rest / mass if mass > 0 else p.clone()
+    return SpecHubParts(hub, pair_ia, pair_ai, take_ia, take_ai,
+                        hub_ia / left_ia if left_ia > 0 else 0.0, hub_ai / left_ai if left_ai > 0 else 0.0, residual)
+
+
+def _spechub_pair(parts: SpecHubParts, x: int, hub_first: bool) -> tuple[float, float]:
+    """(P(y = x), P(y = hub)) given the ordered pair (hub, x) if hub_first else (x, hub)."""
+    if hub_first:
+        take = float(parts.take_ai[x] / parts.pair_ai[x])
+        return take, (1.0 - take) * parts.hub_frac_ai
+    take = float(parts.take_ia[x] / parts.pair_ia[x])
+    return take, (1.0 - take) * parts.hub_frac_ia
 
 
 _COUPLINGS: dict[tuple, object] = {}
@@ -347,14 +378,14 @@ def _verify_greedy(p, q, d, gen, scheme, params) -> int:
 
 def _verify_spechub(p, q, d, gen, scheme, params) -> int:
     hub, x = d
-    first, second = (hub, x) if _uniform(gen) < float(q[hub]) else (x, hub)
-    if _uniform(gen) < float(p[first] / q[first]):
-        return first
-    p2 = residual(p, q)
-    q2 = _spechub_stage2(q, hub, first)
-    if _uniform(gen) < float(p2[second] / q2[second]):
-        return second
-    return _sample(residual(p2, q2), gen)
+    parts = spechub_parts(p, q)
+    take_x, take_hub = _spechub_pair(parts, x, hub_first=_uniform(gen) < float(q[hub]))
+    u = _uniform(gen)
+    if u < take_x:
+        return x
+    if u < take_x + take_hub:
+        return hub
+    return _sample(parts.residual, gen)
 
 
 def _verify_lp(p, q, d, gen, scheme, params) -> int:
