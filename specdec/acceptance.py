@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.bound import optimal_acceptance
-from specdec.drafts import check_n, check_pair, greedy_residual_draft, greedy_set, to_float64
+from specdec.drafts import check_n, check_pair, to_float64
 from specdec.verifiers import _kseq_parts, check_method, normalize_method, output_law, residual, spechub_parts
 
 
