@@ -237,7 +237,8 @@ class KVState:
         self,
         tokens: list[list[int]],   # per row, N_b new tokens
         parents: list[list[int]],  # per row, parent index within the row's new tokens; -1 = last committed
-        keep: str,                 # "all" | "last" | "none": which logits to compute
+        keep: str,                 # "all" | "last" | "none" | "at": which logits to compute
+        at: Sequence[Sequence[int]] | None = None,  # keep="at": per row, node indices wanted
     ) -> tuple[torch.Tensor | None, list[int]]:
         """Feed new tokens as a forest hanging off each row's committed sequence. Returns
         (logits [B, N, V] float32 or [B, V] for keep="last", and the first new slot index)."""
@@ -293,6 +294,9 @@ class KVState:
 
         if keep == "all":
             logits_to_keep = 0
+        elif keep == "at":
+            want = sorted({int(i) for row in at for i in row}) or [0]
+            logits_to_keep = torch.tensor(want).to(device)
         elif keep == "last":
             last_idx = torch.tensor([max(len(t) - 1, 0) for t in tokens])
             uniq = torch.unique(last_idx)
@@ -309,6 +313,12 @@ class KVState:
         self.slot_pos = torch.cat([self.slot_pos, new_pos], dim=1)
         if keep == "all":
             return out.logits.float(), S
+        if keep == "at":
+            col = {i: k for k, i in enumerate(want)}
+            width = max((len(row) for row in at), default=0) or 1
+            idx = torch.tensor([[col[int(row[k])] if k < len(row) else 0 for k in range(width)] for row in at],
+                               dtype=torch.long, device=out.logits.device)
+            return out.logits.gather(1, idx[:, :, None].expand(-1, -1, out.logits.shape[-1])).float(), S
         if keep == "last":
             where = torch.searchsorted(uniq, last_idx)
             return out.logits[rows, where.to(out.logits.device)].float(), S
@@ -350,13 +360,22 @@ class KVState:
         return logits_to_probs(self.last_logits, temperature, top_k, top_p)
 
     @torch.no_grad()
-    def forward_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> torch.Tensor:
+    def forward_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
+                     logits_at: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Score a token tree per row in one forward, without committing. `parents[b][i]` is the
         index of node i's parent among row b's nodes (-1: child of the last committed token).
-        Returns logits [B, N, V] (the distribution after each node). Call `accept` next."""
+        Returns logits [B, N, V] (the distribution after each node). Call `accept` next.
+        With `logits_at` (per row, node indices) only those nodes get logits (the LM head is the
+        costly part with large vocabularies): returns [B, K, V], row b's k-th = node logits_at[b][k]
+        (rows with fewer repeat a valid column); the tree can then only be discarded (`accept`
+        with empty paths)."""
         self._discard_tree()
         self._refresh()
         tokens = [list(t) for t in tokens]
+        if logits_at is not None:
+            logits, first = self._forward(tokens, [list(p) for p in parents], "at", at=[list(r) for r in logits_at])
+            self._tree = (tokens, None, first)
+            return logits
         logits, first = self._forward(tokens, [list(p) for p in parents], "all")
         self._tree = (tokens, logits, first)
         return logits
@@ -371,15 +390,18 @@ class KVState:
         if self._tree is None:
             raise RuntimeError("accept() needs a preceding forward_tree()")
         tokens, logits, first = self._tree
+        if logits is None and any(paths):
+            raise RuntimeError("a tree scored with logits_at can only be discarded (accept with empty paths)")
         self._tree = None
         keep = torch.zeros_like(self.slot_pos[:, first:], dtype=torch.bool)
         for b, path in enumerate(paths):
             if path:
                 keep[b, list(path)] = True
         self.slot_pos[:, first:] = torch.where(keep, self.slot_pos[:, first:], torch.full_like(keep, -1, dtype=torch.long))
-        last = torch.stack([logits[b, path[-1]] if path else logits[b, 0] for b, path in enumerate(paths)])
-        self._stale.difference_update(b for b, path in enumerate(paths) if path)
-        self._commit_rows(tokens, [list(p) for p in paths], first, last)
+        if logits is not None:
+            last = torch.stack([logits[b, path[-1]] if path else logits[b, 0] for b, path in enumerate(paths)])
+            self._stale.difference_update(b for b, path in enumerate(paths) if path)
+            self._commit_rows(tokens, [list(p) for p in paths], first, last)
         # accepted nodes sit at depth 0..k-1 of the tree, so their positions already equal their
         # final positions; only the freed slots need compaction
         self._trim()

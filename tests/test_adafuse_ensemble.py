@@ -304,3 +304,20 @@ def test_greedy_output_is_identical_with_speculation_on_random_members(spacey):
         for x, y in zip(plain, spec):
             assert x.text == y.text
             assert [g for r in x.trace for g in r.gate] == [g for r in y.trace for g in r.gate]
+
+
+def test_forward_tree_logits_at_matches_full_logits(spacey):
+    # adafuse/member.py: forward_tree(..., logits_at=) computes the LM head only at chosen nodes
+    member = spacey[1]
+    state = member.start([member.encode("The quick brown"), member.encode("Question: who")])
+    tokens = [[5, 6, 7, 8], [9, 10]]
+    parents = [[-1, 0, -1, 2], [-1, 0]]
+    full = state.forward_tree(tokens, parents)
+    state.accept([[], []])
+    part = state.forward_tree(tokens, parents, logits_at=[[1, 3], [1]])
+    torch.testing.assert_close(part[0], full[0, [1, 3]])
+    torch.testing.assert_close(part[1, 0], full[1, 1])
+    with pytest.raises(RuntimeError):
+        state.accept([[0], []])
+    state.accept([[], []])
+    assert state.lengths == [len(member.encode("The quick brown")), len(member.encode("Question: who"))]

@@ -57,7 +57,7 @@ class WordConfig:
     candidates: int = 3          # B: candidate words proposed per member
     normalise: str = "byte"      # "token" (paper) | "byte" | "char" | "sum"
     calibration: str = "none"    # "none" | "softmax" (see adafuse.scoring.fuse_scores)
-    max_word_tokens: int = 16    # a word longer than this (tokens) is cut there
+    max_word_tokens: int = 8     # a word longer than this (tokens) is cut there
     gate: bool = True            # False = word-fixed: ensemble every word
 
     @classmethod
@@ -651,10 +651,15 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                 where.append((b, i, start + len(br) - 1))
         if not where:
             break
-        logits = state.forward_tree(tokens, parents)
+        ends: list[list[int]] = [[] for _ in range(state.batch_size)]
+        col: dict[tuple[int, int], int] = {}
+        for b, i, node in where:
+            col[(b, i)] = len(ends[b])
+            ends[b].append(node)
+        logits = state.forward_tree(tokens, parents, logits_at=ends)  # LM head only at branch ends
         state.accept([[] for _ in range(state.batch_size)])
         for b, i, node in where:
-            nxt = int(logits[b, node].argmax())
+            nxt = int(logits[b, col[(b, i)]].argmax())
             br, text = branches[b][i], texts[b][i]
             if nxt in member.eos_token_ids:
                 result[b][i] = text
