@@ -11,6 +11,7 @@ alike):
   ours-model:S:N:K     our engine, 0.5B drafter, scheme S, N drafts per node, depth K
   ours-lookup:N:K      our engine, prompt lookup, up to N continuations of up to K tokens
   ours-hybrid:S:N:K    lookup when it finds a >= 2-token continuation, else the 0.5B (S, N, K)
+  ours-model8 / ours-hybrid8   the same with the 0.5B's decoder layers quantized to int8 (drafter only)
 
 Reported per (temperature, method): new tokens/s and its ratio to hf-plain and to hf-assisted,
 block efficiency (tokens per target forward), mean acceptance, peak RSS sampled while the method ran,
@@ -31,7 +32,8 @@ from pathlib import Path
 import torch
 
 DATA = Path(os.environ.get("ADAFUSE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-DEFAULT_METHODS = ["hf-plain", "hf-assisted", "ours-model:greedy:2:3", "ours-lookup:3:6", "ours-hybrid:greedy:2:3"]
+DEFAULT_METHODS = ["hf-plain", "hf-assisted", "ours-plain", "ours-model:greedy:1:3", "ours-model8:greedy:1:3",
+                   "ours-lookup:1:8:2:2", "ours-hybrid8:greedy:1:3"]
 
 
 def load_prompts(n: int) -> list[tuple[str, str]]:
@@ -83,22 +85,34 @@ def hf_generate(target, assistant, ids: list[int], max_new: int, temperature: fl
     return text, n
 
 
+_INT8 = {}
+
+
 def parse_method(spec: str, target, drafter_member):
-    from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
+    """ours-plain | ours-model[8]:S:N:K | ours-lookup:N:K[:NGRAM_MIN:MIN_LEN] | ours-hybrid[8]:S:N:K
+    (a trailing 8: the drafter's decoder layers quantized to int8)."""
+    from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter, quantize_int8
     from specdec.engine import SpeculativeGenerator
 
     kind, *rest = spec.split(":")
+    member = drafter_member
+    if kind.endswith("8"):
+        if "m" not in _INT8:
+            _INT8["m"] = quantize_int8(drafter_member)
+        member, kind = _INT8["m"], kind[:-1]
     if kind == "ours-plain":
         return SpeculativeGenerator(target, None)
     if kind == "ours-model":
         scheme, n, k = rest
-        return SpeculativeGenerator(target, ModelDrafter(drafter_member), scheme=scheme, num_drafts=int(n), depth=int(k))
+        return SpeculativeGenerator(target, ModelDrafter(member), scheme=scheme, num_drafts=int(n), depth=int(k))
     if kind == "ours-lookup":
-        n, k = rest
-        return SpeculativeGenerator(target, PromptLookupDrafter(), num_drafts=int(n), depth=int(k))
+        n, k, *gate = rest
+        ng_min, min_len = (int(gate[0]), int(gate[1])) if gate else (1, 1)
+        look = PromptLookupDrafter(ngram_max=max(3, ng_min), ngram_min=ng_min, min_length=min_len)
+        return SpeculativeGenerator(target, look, num_drafts=int(n), depth=int(k))
     if kind == "ours-hybrid":
         scheme, n, k = rest
-        return SpeculativeGenerator(target, HybridDrafter(ModelDrafter(drafter_member)), scheme=scheme,
+        return SpeculativeGenerator(target, HybridDrafter(ModelDrafter(member)), scheme=scheme,
                                     num_drafts=int(n), depth=int(k))
     raise SystemExit(f"unknown method {spec!r}")
 
@@ -124,7 +138,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     methods = [m for m in args.methods.split(",") if m]
     temps = [float(t) for t in args.temperatures.split(",")]
-    need_drafter = any(m in ("hf-assisted",) or m.startswith(("ours-model", "ours-hybrid")) for m in methods)
+    need_drafter = any(m == "hf-assisted" or m.startswith(("ours-model", "ours-hybrid")) for m in methods)
     target = load_member(args.target, dtype=args.dtype)
     drafter = load_member(args.drafter, dtype=args.drafter_dtype or args.dtype) if need_drafter else None
     gens = {m: parse_method(m, target, drafter) for m in methods if m.startswith("ours")}

@@ -286,15 +286,38 @@ class HybridDrafter(Drafter):
         return [m if u else t for m, t, u in zip(model_trees, look, use_model)]
 
 
+def quantize_int8(member: Member) -> Member:
+    """A copy of `member` whose decoder Linear layers are dynamically quantized to int8 (CPU, fbgemm);
+    embeddings and the LM head stay as they are. For drafters only: a cheaper q never changes what
+    the target outputs (verification is lossless for any q), it only changes acceptance."""
+    import copy
+    import warnings
+
+    model = copy.deepcopy(member.model)
+    inner = getattr(model, "model", None)
+    if inner is None:
+        raise ValueError("int8 drafter: expected a *ForCausalLM with a .model decoder")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.model = torch.ao.quantization.quantize_dynamic(inner, {torch.nn.Linear}, dtype=torch.qint8)
+    return Member(model, member.tokenizer, name=f"{member.name}-int8", use_chat_template=member.use_chat_template)
+
+
 def make_drafter(spec: str | None, dtype: str = "float32") -> Drafter | None:
     """CLI helper: None/'none' -> no drafter; 'lookup' -> prompt lookup; 'hybrid:NAME' -> hybrid;
-    anything else -> a model drafter loaded by `adafuse.member.load_member`."""
+    anything else -> a model drafter loaded by `adafuse.member.load_member`; a trailing '@int8' on a
+    model name quantizes the drafter's decoder layers to int8 (CPU)."""
     if not spec or spec == "none":
         return None
     if spec == "lookup":
         return PromptLookupDrafter()
     from adafuse.member import load_member
 
+    def model(name: str) -> ModelDrafter:
+        int8 = name.endswith("@int8")
+        m = load_member(name[: -len("@int8")] if int8 else name, dtype=dtype)
+        return ModelDrafter(quantize_int8(m) if int8 else m)
+
     if spec.startswith("hybrid:"):
-        return HybridDrafter(ModelDrafter(load_member(spec.split(":", 1)[1], dtype=dtype)))
-    return ModelDrafter(load_member(spec, dtype=dtype))
+        return HybridDrafter(model(spec.split(":", 1)[1]))
+    return model(spec)
