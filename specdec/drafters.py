@@ -205,7 +205,11 @@ class ModelDrafter(Drafter):
                     fwd_index[b] = idx
                     toks.append(tk)
                     pars.append(pr)
-                logits = st.forward_tree(toks, pars)
+                # LM head only at the frontier (rows without one ask for a dummy node or nothing)
+                at = [[fwd_index[b][node] for node in frontier[b]] or ([0] if toks[b] else []) for b in range(B)]
+                logits = st.forward_tree(toks, pars, logits_at=at)
+                for b in range(B):
+                    fwd_index[b] = {node: k for k, node in enumerate(frontier[b])}
             rows = [b for b in range(B) for _ in frontier[b]]
             cols = [fwd_index[b][node] for b in range(B) for node in frontier[b]]
             qs = self._probs(logits[rows, cols], temperature, top_k, top_p)  # one warp for all rows
