@@ -9,6 +9,11 @@
    greedy) and each verifier's expected acceptance (exact except rrs-without: Monte Carlo, with a
    standard error), computed on the cached distributions in float64.
 3. Report: a markdown table (printed), `bound.json` and `bound.png` in `--output_dir`.
+
+Cost on a 2-core CPU at V = 151,936: collection is model-bound (the 1.5B target ~2 min per prompt of
+16 positions); measuring takes ~1-10 s per position and temperature (α*(without) dominates), so
+the defaults (64 × 32 positions, 3 temperatures) take hours; `--num_prompts 8 --positions 16`
+takes ~30 min in all.
 """
 from __future__ import annotations
 
