@@ -169,11 +169,14 @@ def normalisation_main(args) -> None:
             fusion._commit(b, gold, held_by=())
         fusion.flush(args.lead, rows)
         print(f"  word {pos}: {len(rows)} rows, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    report = {"positions": lead_hits[1], "lead_top1_is_gold": round(lead_hits[0] / max(lead_hits[1], 1), 4),
+        print(json.dumps(_norm_report(hits, hits_u, lead_hits, args)), flush=True)
+
+
+def _norm_report(hits, hits_u, lead_hits, args) -> dict:
+    return {"positions": lead_hits[1], "lead_top1_is_gold": round(lead_hits[0] / max(lead_hits[1], 1), 4),
               "gold_picked_all": {k: round(v[0] / max(v[1], 1), 4) for k, v in hits.items()},
               "gold_picked_uncertain": {k: round(v[0] / max(v[1], 1), 4) for k, v in hits_u.items()},
               "uncertain_positions": next(iter(hits_u.values()))[1], "config": vars(args)}
-    print(json.dumps(report, indent=1))
 
 
 def main(argv=None) -> None:

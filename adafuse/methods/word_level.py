@@ -488,7 +488,7 @@ class WordFusion:
         """Per member, per row, per candidate: the member's log-probs of its own tokens of the
         candidate given the row's committed text (an EOS candidate: log p(any EOS of the member)).
         One tree forward per member for all rows and candidates (the same forward `KVState.score`
-        makes); the tree stays open so that `commit_chosen` can keep the chosen branch without
+        makes, with candidates sharing a token prefix sharing its nodes); the tree stays open so that `commit_chosen` can keep the chosen branch without
         another forward (any other state operation discards it)."""
         out = []
         self._tree_paths: list[dict[tuple[int, int], list[int]]] = []
@@ -496,16 +496,21 @@ class WordFusion:
             state = view.state
             tokens: list[list[int]] = [[] for _ in self.texts]
             parents: list[list[int]] = [[] for _ in self.texts]
-            spans: dict[tuple[int, int], tuple[int, list[int]]] = {}
+            paths: dict[tuple[int, int], list[int]] = {}
             for b in rows:
+                trie: dict[tuple[int, int], int] = {}  # (parent node, token) -> node: shared prefixes once
                 for j, c in enumerate(cands[b]):
                     if c.eos:
                         continue
-                    ids = continuation_ids(view, b, c.text)
-                    start = len(tokens[b])
-                    tokens[b].extend(ids)
-                    parents[b].extend([-1] + list(range(start, start + len(ids) - 1)))
-                    spans[(b, j)] = (start, ids)
+                    node, path = -1, []
+                    for tok in continuation_ids(view, b, c.text):
+                        if (node, tok) not in trie:
+                            trie[(node, tok)] = len(tokens[b])
+                            tokens[b].append(tok)
+                            parents[b].append(node)
+                        node = trie[(node, tok)]
+                        path.append(node)
+                    paths[(b, j)] = path
             logits = state.forward_tree(tokens, parents) if any(tokens) else None
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
             eos_ids = sorted(view.member.eos_token_ids)
@@ -518,11 +523,12 @@ class WordFusion:
                         row.append(torch.logsumexp(last_lp[b, eos_ids], dim=0)[None].cpu() if eos_ids
                                    else torch.tensor([-1e4]))
                         continue
-                    start, ids = spans[(b, j)]
-                    prev = torch.cat([last_lp[b: b + 1], lp_row[start: start + len(ids) - 1]], dim=0)
-                    row.append(prev.gather(-1, torch.tensor(ids, device=prev.device)[:, None]).squeeze(-1).cpu())
+                    path = paths[(b, j)]
+                    ids = torch.tensor([tokens[b][n] for n in path], device=lp_row.device)
+                    prev = torch.cat([last_lp[b: b + 1], lp_row[path[:-1]]], dim=0)
+                    row.append(prev.gather(-1, ids[:, None]).squeeze(-1).cpu())
                 per_row[b] = row
-            self._tree_paths.append({key: list(range(start, start + len(ids))) for key, (start, ids) in spans.items()})
+            self._tree_paths.append(paths)
             out.append(per_row)
         return out
 
