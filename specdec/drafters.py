@@ -271,7 +271,7 @@ class HybridDrafter(Drafter):
 
     def __init__(self, model: ModelDrafter, lookup: PromptLookupDrafter | None = None, min_match: int = 2):
         self.model = model
-        self.lookup = lookup or PromptLookupDrafter(ngram_max=3, ngram_min=2, num_drafts=2, depth=8)
+        self.lookup = lookup or PromptLookupDrafter(ngram_max=3, ngram_min=2, num_drafts=1, depth=8, min_length=2)
         self.min_match = min_match
         self.name = f"hybrid({self.model.name}+lookup)"
 
@@ -313,8 +313,8 @@ def make_drafter(spec: str | None, dtype: str = "float32") -> Drafter | None:
     model name quantizes the drafter's decoder layers to int8 (CPU)."""
     if not spec or spec == "none":
         return None
-    if spec == "lookup":
-        return PromptLookupDrafter()
+    if spec == "lookup":  # gated: a >= 2-gram match and a >= 2-token continuation (measured, see the CLI)
+        return PromptLookupDrafter(ngram_max=3, ngram_min=2, min_length=2)
     from adafuse.member import load_member
 
     def model(name: str) -> ModelDrafter:

@@ -10,6 +10,13 @@ drawn from p; the cache keeps only the accepted path (`KVState.accept`).
 Deterministic drafts (prompt lookup, or any drafts at temperature 0) are verified by the one
 lossless rule that fits them: draw y ~ p (argmax at temperature 0) and accept the child whose token
 is y, if any. Its acceptance is p(children) = α* for deterministic drafts.
+
+Cost model (measured on the 2-core AVX2 CPU these tests run on, fp32, one torch thread): the
+target's forward over N = 2..8 tokens costs ~2.5-3x its one-token forward (MKL's small-N GEMM is far
+from the one-token GEMV's memory roofline), and a 0.5B drafter forward ~0.3-0.4x. Speculation pays
+only when block efficiency exceeds (target tree cost + drafter forwards) / one-token cost, hence
+the narrow defaults (a chain of 3, one lookup continuation). On hardware where a forward over ~10-30
+tokens costs about one token (GPUs, wide SIMD with idle cores) wider trees (n = 2-3) win.
 """
 from __future__ import annotations
 
@@ -162,7 +169,7 @@ class SpeculativeGenerator:
     probable nodes, at most this many drafted nodes per step; verifier: a method name of
     `specdec.verify` (default per scheme); track_alpha: also report α* per depth."""
 
-    def __init__(self, target: Member, drafter: Drafter | None = None, scheme: str = "greedy", num_drafts: int = 2,
+    def __init__(self, target: Member, drafter: Drafter | None = None, scheme: str = "greedy", num_drafts: int = 1,
                  depth: int = 3, verifier: str | None = None, node_budget: int | None = None,
                  track_alpha: bool = False, **verifier_params):
         if scheme not in SCHEMES:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import time
 
-# defaults measured on the real Qwen pair (see benchmarks/specdec_speed.py and the engine docs)
-DEFAULTS = {"model": dict(scheme="greedy", drafts=2, depth=3), "lookup": dict(scheme="greedy", drafts=3, depth=6)}
+# defaults measured on the real Qwen pair on this 2-core AVX2 CPU (benchmarks/specdec_speed.py): a target
+# forward over 2-8 tokens costs ~2.5-3x a one-token forward here, so narrow trees win: a chain of 3 from the
+# 0.5B, and one gated lookup continuation of up to 8 tokens
+DEFAULTS = {"model": dict(scheme="greedy", drafts=1, depth=3), "lookup": dict(scheme="greedy", drafts=1, depth=8)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
