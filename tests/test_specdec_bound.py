@@ -125,3 +125,12 @@ def test_rrs_without_monte_carlo_runs_at_real_vocab_size():
     est = expected_acceptance(p, q, 4, "without", "rrs-without", num_samples=512, generator=g)
     assert 0.0 < est.value <= optimal_acceptance(p, q, 4, "without") + 4 * est.stderr
     assert math.isfinite(est.stderr)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spechub_attains_the_greedy_bound_at_n2(seed):
+    """SpecHub's pairs are the greedy scheme's sets at n = 2, and its transport is optimal for them:
+    Σ_i min(p_i, q_i) + min((p_i − q_i)+, q(a) q'_i) = Σ_i min(p_i, q'_i), and the hub gets all of p(a)."""
+    p, q = _pair(50, 200 + seed, 2.0)
+    assert expected_acceptance(p, q, 2, "greedy", "spechub").value == pytest.approx(
+        optimal_acceptance(p, q, 2, "greedy"), abs=1e-12)
