@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--span", type=int, help="max words committed without ensembling (3)")
     g.add_argument("--candidates", type=int, help="candidate words proposed per member (3)")
     g.add_argument("--normalise", choices=["token", "byte", "char", "sum"], help="candidate score normalisation (byte)")
-    g.add_argument("--calibration", choices=["none", "softmax"], help="cross-member score calibration (none)")
+    g.add_argument("--calibration", choices=["none", "softmax"], help="cross-member score calibration (softmax)")
     g.add_argument("--lead", type=int, default=0, help="index of the lead member (gate, confident words, EOS)")
     g.add_argument("--drafters", help="comma-separated drafter per member: lookup, a model name, or empty/none")
     g.add_argument("--show_trace", action="store_true", help="print every round: gate, candidates, scores")
