@@ -19,6 +19,35 @@ and at temperature 0 the share of prompts whose text equals hf-plain's (greedy a
 
 Full spec:   python benchmarks/specdec_speed.py --prompts 16 --max_new_tokens 128
 Reduced run: python benchmarks/specdec_speed.py --prompts 3 --max_new_tokens 64
+
+Measured here (2026-11-30, 2-core AVX2 AMD EPYC shared with three other jobs, load 6-9; fp32; 2+2
+prompts x 48 tokens; --threads 1 because with 2 threads under that load multi-token GEMMs ran ~10x
+slower than one-token GEMVs):
+    python benchmarks/specdec_speed.py --threads 1 --prompts 2 --max_new_tokens 48 --temperatures 0,0.7 \
+        --methods hf-plain,hf-assisted,ours-plain,ours-model:greedy:1:3,ours-model8:greedy:1:3,ours-lookup:1:8:2:2,ours-hybrid8:greedy:1:3
+
+    | T | method | tokens | tok/s | x hf-plain | x hf-assisted | block eff. | accept d1 | peak RSS GB | greedy agree |
+    |---|---|---|---|---|---|---|---|---|---|
+    | 0 | hf-plain | 123 | 0.92 | 1.00 | 1.01 | - | - | 12.7 | 4/4 |
+    | 0 | hf-assisted | 123 | 0.90 | 0.99 | 1.00 | - | - | 12.7 | 4/4 |
+    | 0 | ours-plain | 123 | 1.02 | 1.11 | 1.13 | 1.00 | - | 12.7 | 4/4 |
+    | 0 | ours-model:greedy:1:3 | 123 | 0.84 | 0.91 | 0.92 | 3.01 | 0.85 | 12.7 | 4/4 |
+    | 0 | ours-model8:greedy:1:3 | 123 | 0.79 | 0.86 | 0.87 | 2.63 | 0.72 | 12.7 | 4/4 |
+    | 0 | ours-lookup:1:8:2:2 | 123 | 1.04 | 1.14 | 1.15 | 1.15 | 0.79 | 12.7 | 4/4 |
+    | 0 | ours-hybrid8:greedy:1:3 | 123 | 0.81 | 0.88 | 0.89 | 2.44 | 0.72 | 12.7 | 4/4 |
+    | 0.7 | hf-plain | 121 | 1.27 | 1.00 | 1.12 | - | - | 12.8 | - |
+    | 0.7 | hf-assisted | 122 | 1.13 | 0.89 | 1.00 | - | - | 12.8 | - |
+    | 0.7 | ours-plain | 121 | 1.32 | 1.04 | 1.17 | 1.00 | - | 12.8 | - |
+    | 0.7 | ours-model:greedy:1:3 | 120 | 0.95 | 0.75 | 0.84 | 2.98 | 0.86 | 12.8 | - |
+    | 0.7 | ours-model8:greedy:1:3 | 122 | 0.95 | 0.75 | 0.84 | 2.50 | 0.69 | 12.8 | - |
+    | 0.7 | ours-lookup:1:8:2:2 | 121 | 1.18 | 0.93 | 1.04 | 1.12 | 0.40 | 12.8 | - |
+    | 0.7 | ours-hybrid8:greedy:1:3 | 122 | 0.99 | 0.78 | 0.87 | 2.58 | 0.77 | 12.8 | - |
+
+What limits it: one target forward over N = 2 / 4 tokens cost 2.0x / 2.7x a one-token forward
+(0.54 s -> 1.10 s / 1.48 s; MKL's small-N fp32 GEMM on this CPU is far below the GEMV's memory
+roofline), and each 0.5B drafter forward ~0.4x (int8: ~0.3x). A step with a 3-token chain therefore
+costs ~2.7 + 3 x 0.4 = ~3.9 one-token forwards for a block efficiency of ~3.0. Peak RSS is the whole
+process (both models loaded).
 """
 from __future__ import annotations
 
