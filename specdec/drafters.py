@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from adafuse.text_state import common_prefix_len
 from adafuse.errors import TokenizerMismatchError
 from adafuse.member import KVState, Member
 from adafuse.sampling import logits_to_probs
@@ -48,14 +49,6 @@ class Drafter:
 def per_row(depth: int | Sequence[int], batch_size: int) -> list[int]:
     """A depth per row (the engine caps each row's depth by the tokens it may still emit)."""
     return [int(depth)] * batch_size if isinstance(depth, int) else [int(d) for d in depth]
-
-
-def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def check_same_tokenizer(target: Member, drafter: Member) -> None:
@@ -91,7 +84,7 @@ class ModelDrafter(Drafter):
         active = [c is not None and len(c) > 0 for c in contexts]
         B = len(contexts)
         if self.state is None or self.state.batch_size != B or any(
-                a and longest_common_prefix(self.state.ids[b], contexts[b]) == 0 for b, a in enumerate(active)):
+                a and common_prefix_len(self.state.ids[b], contexts[b]) == 0 for b, a in enumerate(active)):
             self.state = self.member.start([list(c) if c else [0] for c in contexts])
             return active
         st = self.state
@@ -102,7 +95,7 @@ class ModelDrafter(Drafter):
                 feed.append([])
                 continue
             ctx = contexts[b]
-            lcp = longest_common_prefix(st.ids[b], ctx)
+            lcp = common_prefix_len(st.ids[b], ctx)
             if lcp == len(ctx) and lcp < len(st.ids[b]):
                 lcp -= 1  # re-feed the last token so its logits are fresh (no separate refresh forward)
             keep.append(max(lcp, 1))
