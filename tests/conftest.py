@@ -15,3 +15,14 @@ def smollm2():
 
     registry.fetch("smollm2-135m")
     return load_member("smollm2-135m", dtype="float32")
+
+
+@pytest.fixture
+def one_thread():
+    """Thousands of tiny ops on tiny models: one thread avoids OpenMP wake-ups on a busy machine."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -11,13 +11,7 @@ from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
 from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.engine import SpeculativeGenerator
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one thread avoids OpenMP wake-up costs on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PROMPTS = ["The quick brown fox jumps", "How many clips did Natalia sell", "1 + 2 ="]

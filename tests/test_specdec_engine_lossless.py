@@ -192,10 +192,4 @@ def test_local_fallback_verifiers_one_position():
         assert res.pvalue > 1e-3, (scheme, hits / M, p)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Thousands of tiny ops: one thread avoids OpenMP wake-ups on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
