@@ -62,13 +62,17 @@ class MemberText:
             self.texts[b] = texts[b]
         self.sync(changed)
 
-    def sync(self, rows: Sequence[int] | None = None) -> None:
+    def sync(self, rows: Sequence[int] | None = None, append_as_is: dict[int, list[int]] | None = None) -> None:
         """Roll each given row back to the longest common prefix of cached and canonical ids and
-        feed the tail, all rows in one forward."""
+        feed the tail, all rows in one forward. Rows in `append_as_is` instead just get those ids
+        appended (a member keeping its own token for text it chose), in the same forward."""
         rows = range(self.batch_size) if rows is None else rows
-        tails: list[list[int]] = [[] for _ in range(self.batch_size)]
+        append_as_is = append_as_is or {}
+        tails: list[list[int]] = [list(append_as_is.get(b, [])) for b in range(self.batch_size)]
         keep = list(self.state.lengths)
         for b in rows:
+            if b in append_as_is:
+                continue
             want = self.canonical_ids(b)
             have = self.output_ids(b)
             lcp = common_prefix_len(have, want)

@@ -41,7 +41,7 @@ import torch
 from adafuse.errors import ConfigError
 from adafuse.member import Member, make_generators, split_batch_cost
 from adafuse.outputs import Cost, GenerationOutput
-from adafuse.text_state import MemberText, common_prefix_len
+from adafuse.text_state import MemberText
 
 METHOD = "token-union"
 OPTIONS: dict[str, Any] = {"top_k": 10, "missing": "first-token"}
@@ -194,27 +194,16 @@ def _commit(mt: MemberText, pieces: Sequence[str], own: Sequence[int | None]) ->
     """Extend rows in one forward. Row b appends `own[b]` (the member's own token, for the piece
     `pieces[b]` or, with an empty piece, for a character still incomplete) when given, else its
     cache is repaired to the canonical ids of its text extended by `pieces[b]`."""
-    B = mt.batch_size
-    keep = list(mt.state.lengths)
-    tails: list[list[int]] = [[] for _ in range(B)]
+    rows, as_is = [], {}
     for b, piece in enumerate(pieces):
         if not piece and own[b] is None:
             continue
         mt.texts[b] += piece
         if own[b] is not None:
-            tails[b] = [own[b]]
-            continue
-        want = mt.canonical_ids(b)
-        have = mt.output_ids(b)
-        lcp = common_prefix_len(have, want)
-        keep[b] = max(len(mt.prompt_ids[b]) + lcp, 1)
-        tails[b] = want[lcp:]
-        if lcp < len(have):
-            mt.tokens_refed += len(want) - lcp
-    if keep != mt.state.lengths:
-        mt.state.rollback(keep)
-    if any(tails):
-        mt.state.append(tails, return_logits=False)
+            as_is[b] = [own[b]]
+        else:
+            rows.append(b)
+    mt.sync(rows, append_as_is=as_is)
 
 
 def _find_stop(text: str, stop: Sequence[str]) -> int:
