@@ -90,13 +90,8 @@ def build_speculator(target, drafter: Any, dtype: str) -> Any:
         from specdec import drafters as dr
     except ImportError as exc:
         raise ConfigError(f"speculative members need specdec.SpeculativeGenerator, not available ({exc})") from None
-    from adafuse.member import Member
-
-    if isinstance(drafter, str) and drafter == "lookup":
-        drafter = dr.PromptLookupDrafter()
-    elif isinstance(drafter, (str, Member)):
-        drafter = dr.ModelDrafter(resolve_member(drafter, dtype))
-    return SpeculativeGenerator(target, drafter=drafter)
+    drafter = dr.make_drafter(drafter, dtype, load=lambda name: resolve_member(name, dtype))
+    return SpeculativeGenerator(target, drafter=drafter, **dr.default_shape(drafter))
 
 
 class Ensemble:

@@ -55,7 +55,8 @@ class Member:
         self.layer_types = list(getattr(cfg, "layer_types", None) or [])
         self.sliding_window = getattr(cfg, "sliding_window", None)
         self.has_sliding = "sliding_attention" in self.layer_types and bool(self.sliding_window)
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        self.vocab_size = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.eos_token_ids = self._find_eos_ids()
         self.counters = Counters()
 
@@ -522,8 +523,12 @@ def eye_pad(n_new: int, n_past: int) -> torch.Tensor:
 
 
 def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device: str = "cpu",
-                use_chat_template: bool | None = None, check_memory: bool = True) -> Member:
-    """Load a registry name, local folder or hub id as a `Member` (no network for registry names)."""
+                use_chat_template: bool | None = None, check_memory: bool = True,
+                pack_weights: bool | None = None) -> Member:
+    """Load a registry name, local folder or hub id as a `Member` (no network for registry names).
+
+    `pack_weights` (default: on for float32 on CPU) swaps the Linear layers for oneDNN-packed ones
+    (`adafuse.packed_linear`): same outputs to float32 rounding, 1.2-3x faster multi-token forwards."""
     import os
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -537,6 +542,12 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
         registry.check_memory([name_or_path], str(torch_dtype).replace("torch.", ""))
     tok = AutoTokenizer.from_pretrained(str(where))
     model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype).to(device)
+    if pack_weights is None:
+        pack_weights = torch_dtype == torch.float32 and torch.device(device).type == "cpu"
+    if pack_weights:
+        from adafuse.packed_linear import pack_linear_weights
+
+        pack_linear_weights(model)
     return Member(model, tok, name=display, use_chat_template=use_chat_template)
 
 

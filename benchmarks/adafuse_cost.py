@@ -73,6 +73,12 @@ def summarise(name, outs, members, task, docs, wall):
         row["ensemble_share"] = round(sum(s["ensemble_rounds"] for s in stats) / max(rounds, 1), 3)
         row["words_per_round"] = round(sum(s["units"] for s in stats) / max(rounds, 1), 3)
         row["rounds"] = rounds
+        decisions: dict[str, int] = {}
+        for o in outs:
+            for r in o.trace or []:
+                for g in r.gate:
+                    decisions[g["decision"]] = decisions.get(g["decision"], 0) + 1
+        row["gate_decisions"] = decisions  # confident / uncertain / forced (after `span` confident words)
     return row
 
 
@@ -96,26 +102,51 @@ def cost_main(args) -> None:
             results.append(summarise(m.name, outs, members, task, docs, time.perf_counter() - t0))
             print(json.dumps(results[-1]), flush=True)
     knobs = json.loads(args.options) if args.options else {}
-    drafters = [None if d in ("", "none") else d for d in args.drafters.split(",")] if args.drafters else None
-    ens = Ensemble(members, method=args.method, drafters=drafters, lead=args.lead, **knobs)
-    print(f"== {ens!r}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    outs = run_batches(lambda ps: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
-                       args.batch_size)
-    results.append(summarise(f"{args.method}", outs, members, task, docs, time.perf_counter() - t0))
-    print(json.dumps(results[-1]), flush=True)
-    if args.save:
-        with open(args.save, "w") as f:
-            for d, o in zip(docs, outs):
-                f.write(json.dumps({"id": d["id"], "text": o.text, "stats": o.stats,
-                                    "trace": [r.to_dict() for r in o.trace or []]}) + "\n")
+    variants = json.loads(args.ensembles) if args.ensembles else [{}]
+    base_drafters = [None if d in ("", "none") else d for d in args.drafters.split(",")] if args.drafters else None
+    for variant in variants:
+        variant = dict(variant)
+        lead = variant.pop("lead", args.lead)
+        drafters = variant.pop("drafters", base_drafters)
+        name = variant.pop("name", None) or f"{args.method} lead={members[lead].name}" + (" +drafters" if drafters else "")
+        ens = Ensemble(members, method=args.method, drafters=drafters, lead=lead, **{**knobs, **variant})
+        print(f"== {ens!r}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        outs = run_batches(lambda ps: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
+                           args.batch_size)
+        results.append(summarise(name, outs, members, task, docs, time.perf_counter() - t0))
+        print(json.dumps(results[-1]), flush=True)
+        if args.save:
+            with open(f"{args.save}.{len(results)}.jsonl", "w") as f:
+                for d, o in zip(docs, outs):
+                    f.write(json.dumps({"id": d["id"], "text": o.text, "stats": o.stats,
+                                        "trace": [r.to_dict() for r in o.trace or []]}) + "\n")
     alone = [r for r in results if r["run"] in {m.name for m in members}]
     if alone:
         slowest = max(alone, key=lambda r: r["s_per_word"])
-        ratio = results[-1]["s_per_word"] / slowest["s_per_word"]
-        print(f"\nwall time per output word: ensemble {results[-1]['s_per_word']:.3f} s, slowest alone "
-              f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {ratio:.2f}x")
+        for r in results:
+            if r not in alone:
+                r["ratio_to_slowest_alone"] = round(r["s_per_word"] / slowest["s_per_word"], 3)
+                print(f"\n{r['run']}: wall time per output word {r['s_per_word']:.3f} s, slowest alone "
+                      f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {r['ratio_to_slowest_alone']:.2f}x")
     print(json.dumps({"config": vars(args), "results": results}))
+    if args.markdown:
+        Path(args.markdown).write_text(cost_markdown(results, args))
+
+
+def cost_markdown(results, args) -> str:
+    cmd = "python benchmarks/adafuse_cost.py " + " ".join(sys.argv[1:])
+    lines = [f"# AdaFuse cost on GSM8K ({args.limit} questions, {args.max_new_tokens} new tokens, batch {args.batch_size})",
+             "", f"    {cmd}", "",
+             "| run | words | wall s | s / word | x slowest alone | ensembled rounds | words / round | gate decisions "
+             "| forward passes / word | accuracy |",
+             "|---|--:|--:|--:|--:|--:|--:|---|---|--:|"]
+    for r in results:
+        lines.append(f"| {r['run']} | {r['words']} | {r['wall_s']:.0f} | {r['s_per_word']:.3f} | "
+                     f"{r.get('ratio_to_slowest_alone', '-')} | {r.get('ensemble_share', '-')} | "
+                     f"{r.get('words_per_round', '-')} | {r.get('gate_decisions', '-')} | "
+                     f"{', '.join(f'{k} {v}' for k, v in r['fwd_per_word'].items())} | {r['accuracy']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def normalisation_main(args) -> None:
@@ -194,7 +225,10 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip_alone", action="store_true", help="only run the ensemble")
-    p.add_argument("--save", help="write the ensemble's texts and traces here (jsonl)")
+    p.add_argument("--ensembles", help='JSON list of ensemble variants run one after another, e.g. '
+                   '\'[{"lead": 2}, {"lead": 2, "drafters": ["lookup", "lookup", "lookup"]}]\' (default: one, from the flags)')
+    p.add_argument("--save", help="write each ensemble's texts and traces to SAVE.N.jsonl")
+    p.add_argument("--markdown", help="write the results table here")
     p.add_argument("--normalisation", action="store_true", help="teacher-forced normalisation measurement")
     p.add_argument("--max_words", type=int, default=40, help="gold words per question (--normalisation)")
     args = p.parse_args(argv)

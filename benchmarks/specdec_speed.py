@@ -7,8 +7,10 @@ alike):
 
   hf-plain        transformers `model.generate` (greedy / sampling)
   hf-assisted     transformers assisted generation with the 0.5B as assistant
+  hf-plain-packed / hf-assisted-packed   the same after `pack_linear_weights` (the kernels ours use)
   ours-plain      our engine without a drafter (the same loop, one token per forward)
-  ours-model:S:N:K     our engine, 0.5B drafter, scheme S, N drafts per node, depth K
+  ours-model:S:N:K[:STOP]  our engine, 0.5B drafter, scheme S, N drafts per node, depth K, stop
+                       expanding where the drafter's top probability < STOP (dynamic length)
   ours-lookup:N:K      our engine, prompt lookup, up to N continuations of up to K tokens
   ours-hybrid:S:N:K    lookup when it finds a >= 2-token continuation, else the 0.5B (S, N, K)
   ours-model8 / ours-hybrid8   the same with the 0.5B's decoder layers quantized to int8 (drafter only)
@@ -118,30 +120,30 @@ _INT8 = {}
 
 
 def parse_method(spec: str, target, drafter_member):
-    """ours-plain | ours-model[8]:S:N:K | ours-lookup:N:K[:NGRAM_MIN:MIN_LEN] | ours-hybrid[8]:S:N:K
-    (a trailing 8: the drafter's decoder layers quantized to int8)."""
-    from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter, quantize_int8
+    """ours-plain | ours-model[8]:S:N:K[:STOP] | ours-lookup:N:K[:NGRAM_MIN:MIN_LEN] | ours-hybrid[8]:S:N:K[:STOP]
+    (a trailing 8: the drafter's decoder layers quantized to int8; STOP: the drafter's `stop_below`)."""
+    from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
     from specdec.engine import SpeculativeGenerator
 
     kind, *rest = spec.split(":")
     member = drafter_member
     if kind.endswith("8"):
-        if "m" not in _INT8:
-            _INT8["m"] = quantize_int8(drafter_member)
         member, kind = _INT8["m"], kind[:-1]
     if kind == "ours-plain":
         return SpeculativeGenerator(target, None)
+    stop = float(rest[3]) if len(rest) > 3 else 0.0
     if kind == "ours-model":
-        scheme, n, k = rest
-        return SpeculativeGenerator(target, ModelDrafter(member), scheme=scheme, num_drafts=int(n), depth=int(k))
+        scheme, n, k = rest[:3]
+        return SpeculativeGenerator(target, ModelDrafter(member, stop_below=stop), scheme=scheme, num_drafts=int(n),
+                                    depth=int(k))
     if kind == "ours-lookup":
         n, k, *gate = rest
         ng_min, min_len = (int(gate[0]), int(gate[1])) if gate else (1, 1)
         look = PromptLookupDrafter(ngram_max=max(3, ng_min), ngram_min=ng_min, min_length=min_len)
         return SpeculativeGenerator(target, look, num_drafts=int(n), depth=int(k))
     if kind == "ours-hybrid":
-        scheme, n, k = rest
-        return SpeculativeGenerator(target, HybridDrafter(ModelDrafter(member)), scheme=scheme,
+        scheme, n, k = rest[:3]
+        return SpeculativeGenerator(target, HybridDrafter(ModelDrafter(member, stop_below=stop)), scheme=scheme,
                                     num_drafts=int(n), depth=int(k))
     raise SystemExit(f"unknown method {spec!r}")
 
@@ -158,6 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--no_pack", action="store_true", help="run ours on the unpacked (transformers) weights")
     ap.add_argument("--output", default=None, help="write per-prompt rows and the summary as JSON")
     args = ap.parse_args(argv)
 
@@ -167,44 +170,70 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     methods = [m for m in args.methods.split(",") if m]
     temps = [float(t) for t in args.temperatures.split(",")]
-    need_drafter = any(m == "hf-assisted" or m.startswith(("ours-model", "ours-hybrid")) for m in methods)
-    target = load_member(args.target, dtype=args.dtype)
-    drafter = load_member(args.drafter, dtype=args.drafter_dtype or args.dtype) if need_drafter else None
-    gens = {m: parse_method(m, target, drafter) for m in methods if m.startswith("ours")}
+    need_drafter = any(m.startswith(("hf-assisted", "ours-model", "ours-hybrid")) for m in methods)
+    # transformers' own generate runs on the models as transformers loads them; ours on the same
+    # models after `pack_linear_weights` (float32 CPU only), so HF methods run first for every prompt.
+    target = load_member(args.target, dtype=args.dtype, pack_weights=False)
+    drafter = (load_member(args.drafter, dtype=args.drafter_dtype or args.dtype, pack_weights=False)
+               if need_drafter else None)
     prompts = load_prompts(args.prompts)
     print(f"# target {args.target} {args.dtype}, drafter {args.drafter} {args.drafter_dtype or args.dtype}, "
           f"{len(prompts)} prompts x {args.max_new_tokens} tokens, T={temps}, threads={torch.get_num_threads()}",
           flush=True)
+    hf_methods = [m for m in methods if m.startswith("hf-") and not m.endswith("-packed")]
+    our_methods = [m for m in methods if m not in hf_methods]
+    rows = run_methods(hf_methods, target, drafter, prompts, temps, args, {})
+    _INT8["m"] = quantize_int8_if_needed(our_methods, drafter)
+    if not args.no_pack:
+        from adafuse.packed_linear import pack_linear_weights
+
+        for m in (target, drafter):
+            if m is not None:
+                pack_linear_weights(m.model)
+    gens = {m: parse_method(m, target, drafter) for m in our_methods if m.startswith("ours")}
+    rows += run_methods(our_methods, target, drafter, prompts, temps, args, gens)
+    summary = summarize(rows, methods, temps)
+    print(summary)
+    if args.output:
+        out = Path(args.output)
+        out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        cmd = "python benchmarks/specdec_speed.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+        out.with_suffix(".md").write_text(f"# {out.stem}\n\n    {cmd}\n{summary}\n")
+    return 0
+
+
+def quantize_int8_if_needed(methods, drafter):
+    """The int8 drafter is quantized from the unpacked float32 weights (before packing)."""
+    from specdec.drafters import quantize_int8
+
+    return quantize_int8(drafter) if any(m.split(":")[0].endswith("8") for m in methods) else None
+
+
+def run_methods(methods, target, drafter, prompts, temps, args, gens) -> list[dict]:
     rows = []
     for temp in temps:
         for i, (task, prompt) in enumerate(prompts):
             ids = target.encode_prompt(prompt)
             for m in methods:
-                t_snap = target.counters.snapshot()
                 with PeakRSS() as rss:
                     t0 = time.perf_counter()
                     stats = {}
                     if m.startswith("hf-"):
-                        text, n = hf_generate(target, drafter if m == "hf-assisted" else None, ids,
+                        text, n = hf_generate(target, drafter if m.startswith("hf-assisted") else None, ids,
                                               args.max_new_tokens, temp, args.seed + i)
                     else:
                         out = gens[m].generate([prompt], max_new_tokens=args.max_new_tokens, temperature=temp,
                                                seed=args.seed + i)[0]
                         text, n, stats = out.text, out.num_tokens, out.stats
                     wall = time.perf_counter() - t0
-                fwd = target.counters.forward_passes - t_snap[0]
                 row = dict(temperature=temp, task=task, prompt=i, method=m, tokens=n, wall_s=wall,
                            tok_s=n / wall, peak_rss_gb=rss.peak / 2 ** 30, text=text,
                            block_efficiency=stats.get("block_efficiency"),
-                           acceptance=stats.get("acceptance_by_depth"), target_forwards=stats.get("target_forwards", fwd))
+                           acceptance=stats.get("acceptance_by_depth"), target_forwards=stats.get("target_forwards"))
                 rows.append(row)
                 print(f"T={temp} {task}#{i} {m:26s} {n:4d} tok {wall:7.1f}s {n / wall:6.2f} tok/s"
                       + (f"  BE {row['block_efficiency']:.2f}" if row["block_efficiency"] else ""), flush=True)
-    summary = summarize(rows, methods, temps)
-    print(summary)
-    if args.output:
-        Path(args.output).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
-    return 0
+    return rows
 
 
 def summarize(rows, methods, temps) -> str:

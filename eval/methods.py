@@ -80,19 +80,6 @@ def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | 
     return _speculative(target, drafter, dtype, options)
 
 
-def _make_drafter(spec: str, dtype: str) -> Any:
-    """'lookup' -> prompt lookup; 'hybrid:NAME' -> model + lookup; NAME -> a model drafter (members cached)."""
-    try:
-        from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
-    except ImportError as exc:
-        raise MissingBackendError(f"option 'drafter' needs specdec.drafters, which is not available ({exc})") from None
-    if spec == "lookup":
-        return PromptLookupDrafter()
-    if spec.startswith("hybrid:"):
-        return HybridDrafter(ModelDrafter(load_member_cached(spec.split(":", 1)[1], dtype)))
-    return ModelDrafter(load_member_cached(spec, dtype))
-
-
 def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any]) -> Generator:
     """`specdec.SpeculativeGenerator(target, drafter, **options)` (scheme, num_drafts, depth, ...)."""
     try:
@@ -100,7 +87,10 @@ def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any])
     except ImportError as exc:
         raise MissingBackendError(f"option 'drafter' needs specdec.SpeculativeGenerator, which is not available ({exc})") from None
     try:
-        return SpeculativeGenerator(target, _make_drafter(str(drafter), dtype), **options)
+        from specdec.drafters import default_shape, make_drafter
+
+        made = make_drafter(str(drafter), dtype, load=lambda name: load_member_cached(name, dtype))
+        return SpeculativeGenerator(target, made, **{**default_shape(made), **options})
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"speculative options {sorted(options)} rejected by specdec.SpeculativeGenerator: {exc}") from None
 

@@ -15,7 +15,7 @@ None for rows that are finished.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -62,10 +62,18 @@ def check_same_tokenizer(target: Member, drafter: Member) -> None:
 
 
 class ModelDrafter(Drafter):
-    """A small model sharing the target's tokenizer; keeps its own KV state in sync with the target."""
+    """A small model sharing the target's tokenizer; keeps its own KV state in sync with the target.
 
-    def __init__(self, member: Member):
+    `stop_below`: a node whose drafter distribution has top probability below this is not expanded
+    further (dynamic draft length, like transformers' `assistant_confidence_threshold`): deep trees
+    where the drafter is sure, no drafter forwards past the point where it is guessing. The tree
+    shape depends only on the drafter, so verification stays lossless."""
+
+    def __init__(self, member: Member, stop_below: float = 0.0):
+        if not 0.0 <= stop_below < 1.0:
+            raise ValueError(f"stop_below must be in [0, 1), got {stop_below}")
         self.member = member
+        self.stop_below = float(stop_below)
         self.name = member.name
         self.state: KVState | None = None
         self.target_vocab: int | None = None
@@ -208,6 +216,9 @@ class ModelDrafter(Drafter):
             qs = self._probs(logits[rows, cols], temperature, top_k, top_p)  # one warp for all rows
             for j, (b, node) in enumerate(zip(rows, (n for b in range(B) for n in frontier[b]))):
                 node_q[b][node] = qs[j]
+            if self.stop_below > 0:
+                sure = iter((qs.max(dim=-1).values >= self.stop_below).tolist())  # same order as `rows`
+                frontier = [[node for node in f if next(sure)] for f in frontier]
         return trees
 
 
@@ -290,6 +301,10 @@ def quantize_int8(member: Member) -> Member:
     import copy
     import warnings
 
+    from adafuse.packed_linear import is_packed
+
+    if is_packed(member.model):
+        raise ValueError(f"int8 drafter: {member.name} has packed weights; load it with pack_weights=False")
     model = copy.deepcopy(member.model)
     inner = getattr(model, "model", None)
     if inner is None:
@@ -300,20 +315,42 @@ def quantize_int8(member: Member) -> Member:
     return Member(model, member.tokenizer, name=f"{member.name}-int8", use_chat_template=member.use_chat_template)
 
 
-def make_drafter(spec: str | None, dtype: str = "float32") -> Drafter | None:
-    """CLI helper: None/'none' -> no drafter; 'lookup' -> prompt lookup; 'hybrid:NAME' -> hybrid;
-    anything else -> a model drafter loaded by `adafuse.member.load_member`; a trailing '@int8' on a
-    model name quantizes the drafter's decoder layers to int8 (CPU)."""
+# Measured on the Qwen 1.5B/0.5B pair on a 2-core AVX2 CPU (benchmarks/specdec_speed.py, docs/results/specdec/):
+# with packed weights a target forward over 9 tokens costs ~1.4x a one-token forward while every 0.5B drafter
+# forward costs ~0.3x one, so one chain beats wider trees: up to 8 tokens, cut where the drafter's top
+# probability is below 0.4. Prompt lookup: one gated continuation (a >= 2-gram match, >= 2 tokens) of up to 8.
+DEFAULT_STOP_BELOW = 0.4
+DEFAULT_SHAPES = {"model": dict(scheme="greedy", num_drafts=1, depth=8),
+                  "lookup": dict(scheme="greedy", num_drafts=1, depth=8)}
+
+
+def default_shape(drafter: Drafter | None) -> dict:
+    """The measured default tree shape (scheme, num_drafts, depth) for a drafter."""
+    return dict(DEFAULT_SHAPES["lookup" if isinstance(drafter, PromptLookupDrafter) else "model"])
+
+
+def make_drafter(spec, dtype: str = "float32", stop_below: float = DEFAULT_STOP_BELOW,
+                 load: Callable[[str], Member] | None = None) -> Drafter | None:
+    """A drafter from a spec: None/'none' -> None; 'lookup' -> gated prompt lookup; 'hybrid:NAME' ->
+    lookup, else the model; a registry name / folder / hub id or a `Member` -> a model drafter; a
+    trailing '@int8' on a name quantizes the drafter's decoder layers to int8 (CPU); a `Drafter` is
+    returned as is. `load(name)` loads members (default `adafuse.member.load_member`)."""
+    if isinstance(spec, Drafter):
+        return spec
+    if isinstance(spec, Member):
+        return ModelDrafter(spec, stop_below=stop_below)
     if not spec or spec == "none":
         return None
-    if spec == "lookup":  # gated: a >= 2-gram match and a >= 2-token continuation (measured, see the CLI)
+    if spec == "lookup":
         return PromptLookupDrafter(ngram_max=3, ngram_min=2, min_length=2)
     from adafuse.member import load_member
 
     def model(name: str) -> ModelDrafter:
-        int8 = name.endswith("@int8")
-        m = load_member(name[: -len("@int8")] if int8 else name, dtype=dtype)
-        return ModelDrafter(quantize_int8(m) if int8 else m)
+        if name.endswith("@int8"):
+            m = quantize_int8(load_member(name[: -len("@int8")], dtype=dtype, pack_weights=False))
+        else:
+            m = load(name) if load is not None else load_member(name, dtype=dtype)
+        return ModelDrafter(m, stop_below=stop_below)
 
     if spec.startswith("hybrid:"):
         return HybridDrafter(model(spec.split(":", 1)[1]))

@@ -65,9 +65,21 @@ def to_float64(probs: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_set(draft_probs: torch.Tensor, n: int) -> torch.Tensor:
-    """The n-1 most likely tokens of q, ties broken by lower token id. [..., V] -> [..., n-1] (long)."""
-    order = torch.sort(draft_probs, dim=-1, descending=True, stable=True).indices
-    return order[..., : n - 1]
+    """The n-1 most likely tokens of q, ties broken by lower token id. [..., V] -> [..., n-1] (long).
+
+    A top-(n) selection instead of a full sort (a full sort of a 150k vocabulary per draft node was
+    15 % of a speculative step); the full stable sort only when a tie straddles the cut."""
+    k = n - 1
+    if k <= 0:
+        return torch.zeros((*draft_probs.shape[:-1], 0), dtype=torch.long, device=draft_probs.device)
+    if k >= draft_probs.shape[-1]:
+        return torch.sort(draft_probs, dim=-1, descending=True, stable=True).indices[..., :k]
+    top = torch.topk(draft_probs, k + 1, dim=-1)
+    if bool((top.values[..., k - 1] == top.values[..., k]).any()):
+        return torch.sort(draft_probs, dim=-1, descending=True, stable=True).indices[..., :k]
+    ids, perm = top.indices[..., :k].sort(dim=-1)  # ascending ids, then a stable sort by value
+    order = torch.sort(top.values[..., :k].gather(-1, perm), dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, order)
 
 
 def greedy_residual_draft(draft_probs: torch.Tensor, n: int) -> torch.Tensor:

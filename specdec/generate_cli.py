@@ -9,12 +9,6 @@ from __future__ import annotations
 import argparse
 import time
 
-# defaults measured on the real Qwen pair on this 2-core AVX2 CPU (benchmarks/specdec_speed.py): a target
-# forward over 2-8 tokens costs ~2.5-3x a one-token forward here, so narrow trees win: a chain of 3 from the
-# 0.5B, and one gated lookup continuation of up to 8 tokens
-DEFAULTS = {"model": dict(scheme="greedy", drafts=1, depth=3), "lookup": dict(scheme="greedy", drafts=1, depth=8)}
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("speculative decoding (with --model)")
     g.add_argument("--drafter", default=None,
@@ -24,19 +18,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="how n drafts are drawn per tree node when sampling (default greedy)")
     g.add_argument("--drafts", type=int, default=None, help="drafts (children) per expanded tree node")
     g.add_argument("--depth", type=int, default=None, help="draft tree depth")
+    g.add_argument("--stop_below", type=float, default=None,
+                   help="model drafter: stop a branch where its top probability is below this (default 0.4)")
     g.add_argument("--verifier", default=None,
                    help="lossless verifier (rrs, rrs-without, k-seq, spechub, greedy, lp-optimal); default per scheme")
 
 
 def build(args: argparse.Namespace, target):
     """The `SpeculativeGenerator` the flags describe (drafter None: plain decoding)."""
-    from specdec.drafters import make_drafter
+    from specdec.drafters import DEFAULT_STOP_BELOW, default_shape, make_drafter
     from specdec.engine import SpeculativeGenerator
 
-    drafter = make_drafter(args.drafter, dtype=args.dtype)
-    d = DEFAULTS["lookup" if args.drafter == "lookup" else "model"]
+    stop_below = getattr(args, "stop_below", None)
+    drafter = make_drafter(args.drafter, dtype=args.dtype, stop_below=DEFAULT_STOP_BELOW if stop_below is None else stop_below)
+    d = default_shape(drafter)
     return SpeculativeGenerator(target, drafter, scheme=args.scheme or d["scheme"],
-                                num_drafts=args.drafts or d["drafts"], depth=args.depth if args.depth is not None else d["depth"],
+                                num_drafts=args.drafts or d["num_drafts"], depth=args.depth if args.depth is not None else d["depth"],
                                 verifier=args.verifier)
 
 

@@ -132,6 +132,26 @@ def test_scoring_is_one_forward_per_member_per_round(spacey, monkeypatch):
     assert all(max(fw) <= 1 for _, fw, _, _ in commits) and sum(sum(fw) for _, fw, _, _ in commits) < len(commits)
 
 
+def test_ensembled_words_of_all_rows_share_the_member_forwards(spacey, monkeypatch):
+    """Confident rows advance while the others wait, so every ensembled round covers every active
+    row (one set of member forwards per round for the whole batch), and outputs equal per-row runs."""
+    seen = []
+    score = WordFusion.candidate_logprobs
+
+    def recording(self, rows, cands):
+        seen.append((list(rows), self.active_rows()))
+        return score(self, rows, cands)
+
+    monkeypatch.setattr(WordFusion, "candidate_logprobs", recording)
+    ens = Ensemble(list(spacey), threshold=0.06, max_word_tokens=6)  # margins here are ~0.01-0.13
+    outs = ens.generate(PROMPTS, max_new_tokens=16)
+    kinds = {r.kind for o in outs for r in o.trace}
+    assert kinds == {"confident", "ensemble"}  # a mixed batch
+    assert seen and all(rows == active for rows, active in seen)
+    rounds = [sum(1 for r in o.trace if r.kind == "ensemble") for o in outs]
+    assert len(seen) == max(rounds) < sum(rounds)
+
+
 def test_choice_is_not_whoever_proposed_it():
     prompt = "Q: how old is she?\nA:"
     lead = scripted_member(char_tokenizer(), " She is 18.", prompt, "lead-18", scale=3.0)

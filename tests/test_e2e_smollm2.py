@@ -45,3 +45,27 @@ def test_batched_generate_matches_single_rows(smollm2):
     both = smollm2.generate(prompts, max_new_tokens=16)
     for p, o in zip(prompts, both):
         assert smollm2.generate([p], max_new_tokens=16)[0].text == o.text
+
+
+def test_packed_weights_give_transformers_greedy_tokens(smollm2):
+    """The members we load run oneDNN-packed Linear layers; on real prompts their greedy tokens are
+    exactly those of the unmodified transformers model's `generate`."""
+    from transformers import AutoModelForCausalLM
+
+    from adafuse.packed_linear import is_packed, packing_available
+
+    if not packing_available():
+        pytest.skip("torch built without oneDNN")
+    assert is_packed(smollm2.model)
+    plain = AutoModelForCausalLM.from_pretrained(str(registry.model_dir("smollm2-135m")), dtype=torch.float32).eval()
+    assert not is_packed(plain)
+    prompts = ["What is the capital of France?", "Natalia sold clips to 48 of her friends in April.",
+               "Translate to German: The weather is nice today.", "def fibonacci(n):"]
+    for p in prompts:
+        ids = smollm2.encode_prompt(p)
+        ref = plain.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=32, do_sample=False, temperature=None, top_p=None, top_k=None,
+                             pad_token_id=sorted(smollm2.eos_token_ids)[0])[0, len(ids):].tolist()
+        cut = next((i for i, t in enumerate(ref) if t in smollm2.eos_token_ids), len(ref))
+        ours = smollm2.generate([p], max_new_tokens=32)[0]
+        assert ours.text == smollm2.decode(ref[:cut])

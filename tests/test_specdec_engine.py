@@ -29,10 +29,11 @@ def drafters(target, other):
         "random": ModelDrafter(other),     # an unrelated random model: almost nothing is
         "lookup": PromptLookupDrafter(),
         "hybrid": HybridDrafter(ModelDrafter(other), min_match=1),
+        "dynamic": ModelDrafter(other, stop_below=0.2),
     }
 
 
-@pytest.mark.parametrize("which", ["perfect", "random", "lookup", "hybrid"])
+@pytest.mark.parametrize("which", ["perfect", "random", "lookup", "hybrid", "dynamic"])
 @pytest.mark.parametrize("scheme,n,depth,budget", [("greedy", 2, 3, None), ("without", 3, 2, 5)])
 def test_greedy_equals_target_greedy(pair, which, scheme, n, depth, budget):
     target, other = pair
@@ -167,3 +168,24 @@ def test_cli_generate_with_and_without_drafter(tmp_path, capsys):
     sampled = capsys.readouterr().out
     assert plain.splitlines()[0] == spec.splitlines()[0]  # greedy: same text
     assert "block efficiency" in spec and "tok/s" in spec and "acceptance by depth" in sampled
+
+
+def test_make_drafter_specs_and_default_shapes(pair):
+    """One factory behind the CLI, eval configs and ensembles: specs map to drafters with the
+    measured default shapes."""
+    from specdec.drafters import DEFAULT_STOP_BELOW, Drafter, default_shape, make_drafter
+
+    target, other = pair
+    assert make_drafter(None) is None and make_drafter("none") is None
+    look = make_drafter("lookup")
+    assert isinstance(look, PromptLookupDrafter) and look.ngram_min == 2 and look.min_length == 2
+    assert default_shape(look) == dict(scheme="greedy", num_drafts=1, depth=8)
+    model = make_drafter(other)
+    assert isinstance(model, ModelDrafter) and model.member is other and model.stop_below == DEFAULT_STOP_BELOW
+    loaded = []
+    hybrid = make_drafter("hybrid:tiny", load=lambda name: loaded.append(name) or other)
+    assert isinstance(hybrid, HybridDrafter) and hybrid.model.member is other and loaded == ["tiny"]
+    assert make_drafter(look) is look and isinstance(look, Drafter)
+    g = SpeculativeGenerator(target, model, **default_shape(model))
+    ref = target.generate(PROMPTS, max_new_tokens=16)
+    assert [o.text for o in g.generate(PROMPTS, max_new_tokens=16)] == [r.text for r in ref]

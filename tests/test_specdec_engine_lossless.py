@@ -145,6 +145,19 @@ def test_model_drafter_is_lossless(scheme, n, depth, budget, warp, verifier):
     assert chi_square_pvalue(counts, law) > 1e-3, f"TV={tv(counts, law):.4f}"
 
 
+@pytest.mark.parametrize("scheme,n", [("with", 1), ("without", 2)])
+def test_dynamic_draft_length_is_lossless(scheme, n):
+    """`stop_below` cuts branches where the drafter is unsure: a drafter-only choice, still lossless."""
+    target, draft = members()
+    g = SpeculativeGenerator(target, ModelDrafter(draft, stop_below=0.3), scheme=scheme, num_drafts=n, depth=3)
+    counts = sample_law(g, *WARPS["T1"], max_new=K + 1)
+    assert chi_square_pvalue(counts, law_for("T1")) > 1e-3
+    full = SpeculativeGenerator(target, ModelDrafter(draft), scheme=scheme, num_drafts=n, depth=3)
+    sample_law(full, *WARPS["T1"], max_new=K + 1)
+    drafted = lambda gen: sum(sum(s.attempts_by_depth[1:]) for s in gen.last_stats)  # noqa: E731
+    assert drafted(g) < drafted(full)  # fewer deep drafts
+
+
 @pytest.mark.parametrize("depth,n", [(1, 1), (2, 2), (3, 3)])
 def test_prompt_lookup_is_lossless(depth, n):
     target, _ = members()

@@ -100,3 +100,19 @@ def test_sample_drafts_shapes_and_laws():
     g = sample_drafts(q.expand(100, 5), 3, "greedy", generator=gen)
     top2 = torch.sort(q, descending=True).indices[:2].tolist()
     assert all(r[:2] == top2 and r[2] not in top2 for r in g.tolist())
+
+
+def test_greedy_set_matches_a_stable_full_sort():
+    """The top-k fast path returns exactly what a stable descending sort returns, ties included."""
+    from specdec.drafts import greedy_set
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        V = int(torch.randint(2, 12, (1,), generator=g))
+        q = torch.randint(0, 4, (3, V), generator=g).double()  # many ties, zeros too
+        q[:, 0] += 1e-3 * (trial % 2)
+        q = q + 1e-9
+        q = q / q.sum(-1, keepdim=True)
+        for n in range(1, V + 2):
+            ref = torch.sort(q, dim=-1, descending=True, stable=True).indices[..., : n - 1]
+            assert torch.equal(greedy_set(q, n), ref), (q, n)

@@ -1,9 +1,10 @@
 """Word-level ensembling across tokenizers: `adafuse` (gated, adaptive span) and `word-fixed` (gate
 off: every word is ensembled). See docs/algorithms.md §2.
 
-Rows of a batch advance in lock-step *steps*; at each step every unfinished row sits at a word start
-(see `adafuse.words`) and the lead member's next-token distribution there gives the gate margin
-m = p1 - p2:
+Rows of a batch advance in *steps*; at each step every unfinished row sits at a word start (see
+`adafuse.words`) and the lead member's next-token distribution there gives the gate margin
+m = p1 - p2. A step advances the confident rows by one word each while the other rows wait; when no
+row is confident, every row ensembles one word together (one set of member forwards for the batch):
 - confident (m >= threshold and fewer than `span` words committed since the last ensembled word):
   the lead decodes one word on its own (greedy at temperature 0) and the next word start is checked
   again. After `span` confident words in a row the next word is ensembled ("forced"), so at most
@@ -243,7 +244,11 @@ class WordFusion:
                 decisions[b] = "confident"
             (confident if decisions[b] == "confident" else ensemble).append(b)
         if confident:
+            # rows at an ensembled word wait (their state does not change, so their gate reads the same
+            # next step) until no row is confident: ensembled words of all rows then share one set of
+            # member forwards instead of one set per step. Within `span` steps every row gets there.
             self._confident_words(confident, {b: margins[b] for b in confident})
+            return
         if ensemble:
             self._ensemble_word(ensemble, {b: (margins[b], decisions[b]) for b in ensemble})
 
