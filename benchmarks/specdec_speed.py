@@ -22,34 +22,35 @@ and at temperature 0 the share of prompts whose text equals hf-plain's (greedy a
 Full spec:   python benchmarks/specdec_speed.py --prompts 16 --max_new_tokens 128
 Reduced run: python benchmarks/specdec_speed.py --prompts 3 --max_new_tokens 64
 
-Measured here (2026-11-30, 2-core AVX2 AMD EPYC shared with three other jobs, load 6-9; fp32; 2+2
-prompts x 48 tokens; --threads 1 because with 2 threads under that load multi-token GEMMs ran ~10x
-slower than one-token GEMVs):
-    python benchmarks/specdec_speed.py --threads 1 --prompts 2 --max_new_tokens 48 --temperatures 0,0.7 \
-        --methods hf-plain,hf-assisted,ours-plain,ours-model:greedy:1:3,ours-model8:greedy:1:3,ours-lookup:1:8:2:2,ours-hybrid8:greedy:1:3
+Measured here (2026-11-30, idle 2-core AVX2 AMD EPYC, fp32, 4 GSM8K + 4 WMT22 de-en prompts x up to 128
+new tokens; docs/results/specdec/speed_fp32.md has the command and the table):
 
-    | T | method | tokens | tok/s | x hf-plain | x hf-assisted | block eff. | accept d1 | peak RSS GB | greedy agree |
-    |---|---|---|---|---|---|---|---|---|---|
-    | 0 | hf-plain | 123 | 0.92 | 1.00 | 1.01 | - | - | 12.7 | 4/4 |
-    | 0 | hf-assisted | 123 | 0.90 | 0.99 | 1.00 | - | - | 12.7 | 4/4 |
-    | 0 | ours-plain | 123 | 1.02 | 1.11 | 1.13 | 1.00 | - | 12.7 | 4/4 |
-    | 0 | ours-model:greedy:1:3 | 123 | 0.84 | 0.91 | 0.92 | 3.01 | 0.85 | 12.7 | 4/4 |
-    | 0 | ours-model8:greedy:1:3 | 123 | 0.79 | 0.86 | 0.87 | 2.63 | 0.72 | 12.7 | 4/4 |
-    | 0 | ours-lookup:1:8:2:2 | 123 | 1.04 | 1.14 | 1.15 | 1.15 | 0.79 | 12.7 | 4/4 |
-    | 0 | ours-hybrid8:greedy:1:3 | 123 | 0.81 | 0.88 | 0.89 | 2.44 | 0.72 | 12.7 | 4/4 |
-    | 0.7 | hf-plain | 121 | 1.27 | 1.00 | 1.12 | - | - | 12.8 | - |
-    | 0.7 | hf-assisted | 122 | 1.13 | 0.89 | 1.00 | - | - | 12.8 | - |
-    | 0.7 | ours-plain | 121 | 1.32 | 1.04 | 1.17 | 1.00 | - | 12.8 | - |
-    | 0.7 | ours-model:greedy:1:3 | 120 | 0.95 | 0.75 | 0.84 | 2.98 | 0.86 | 12.8 | - |
-    | 0.7 | ours-model8:greedy:1:3 | 122 | 0.95 | 0.75 | 0.84 | 2.50 | 0.69 | 12.8 | - |
-    | 0.7 | ours-lookup:1:8:2:2 | 121 | 1.18 | 0.93 | 1.04 | 1.12 | 0.40 | 12.8 | - |
-    | 0.7 | ours-hybrid8:greedy:1:3 | 122 | 0.99 | 0.78 | 0.87 | 2.58 | 0.77 | 12.8 | - |
+    | T | method | tok/s | x hf-plain | block eff. | greedy agree |
+    |---|---|---|---|---|---|
+    | 0 | hf-plain | 2.34 | 1.00 | - | 8/8 |
+    | 0 | hf-assisted | 1.86 | 0.79 | - | 8/8 |
+    | 0 | hf-plain-packed | 3.62 | 1.54 | - | 8/8 |
+    | 0 | ours-plain | 3.44 | 1.47 | 1.00 | 8/8 |
+    | 0 | ours-model:greedy:1:8:0.4 | 3.91 | 1.67 | 4.57 | 8/8 |
+    | 0 | ours-lookup:1:8:2:2 | 3.75 | 1.60 | 1.21 | 8/8 |
+    | 0 | ours-hybrid:greedy:1:8:0.4 | 3.96 | 1.69 | 3.93 | 8/8 |
+    | 0.7 | hf-plain | 2.57 | 1.00 | - | - |
+    | 0.7 | hf-assisted | 2.44 | 0.95 | - | - |
+    | 0.7 | hf-plain-packed | 3.62 | 1.41 | - | - |
+    | 0.7 | ours-plain | 3.75 | 1.46 | 1.00 | - |
+    | 0.7 | ours-model:greedy:1:8:0.4 | 3.98 | 1.55 | 4.41 | - |
+    | 0.7 | ours-lookup:1:8:2:2 | 4.09 | 1.59 | 1.18 | - |
+    | 0.7 | ours-hybrid:greedy:1:8:0.4 | 3.59 | 1.40 | 3.65 | - |
 
-What limits it: one target forward over N = 2 / 4 tokens cost 2.0x / 2.7x a one-token forward
-(0.54 s -> 1.10 s / 1.48 s; MKL's small-N fp32 GEMM on this CPU is far below the GEMV's memory
-roofline), and each 0.5B drafter forward ~0.4x (int8: ~0.3x). A step with a 3-token chain therefore
-costs ~2.7 + 3 x 0.4 = ~3.9 one-token forwards for a block efficiency of ~3.0. Peak RSS is the whole
-process (both models loaded).
+What limits it: most of the gain is the packed weights (`adafuse.packed_linear`): transformers' own
+generate on the packed model is already 1.54x / 1.41x. Speculation adds 1.06-1.15x on top: a target
+forward over 6-9 tokens costs only ~1.3-1.5x a one-token forward once packed, but each 0.5B drafter
+forward costs ~0.32x a target forward (~107 ms vs ~335 ms), so a round drafting ~5.5 tokens for ~4.5
+accepted costs ~3x a plain step. Wider trees (2 drafts per node) lose outright: 1.2-1.7 tok/s in a
+2+2-prompt trial. Peak RSS counts the file-backed pages of the mmapped checkpoint touched while packing
+(reclaimable page cache, not a second copy of the weights). bfloat16: see speed_bf16.md (this CPU
+has no AVX512-BF16/AMX, so a bf16 forward over k tokens costs ~k one-token forwards; speculation
+cannot pay there).
 """
 from __future__ import annotations
 

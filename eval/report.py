@@ -14,14 +14,31 @@ COST_AXES = {"forward_passes": "forward passes / example", "wall_s": "wall s / e
              "tokens_processed": "tokens processed / example"}
 
 
+def _config_order(folder: Path) -> dict[str, int]:
+    """Run name -> position in the folder's saved config.yaml (empty when there is none)."""
+    cfg = folder / "config.yaml"
+    if not cfg.is_file():
+        return {}
+    import yaml
+
+    try:
+        runs = (yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}).get("runs") or []
+        return {str(r.get("name")): i for i, r in enumerate(runs) if isinstance(r, dict)}
+    except (yaml.YAMLError, AttributeError):
+        return {}
+
+
 def collect(dirs: list[str | Path]) -> list[dict[str, Any]]:
-    """All metrics.json files under `dirs` (recursively), in folder order."""
+    """All metrics.json files under `dirs` (recursively): in the order of the runs in a folder's
+    config.yaml when it has one (as `adafuse eval` writes it), else in folder order."""
     rows = []
     for d in dirs:
         d = Path(d)
         if not d.exists():
             raise ConfigError(f"no such folder: {d}")
-        paths = [d] if d.is_file() else sorted(d.rglob("metrics.json"))
+        order = {} if d.is_file() else _config_order(d)
+        paths = [d] if d.is_file() else sorted(
+            d.rglob("metrics.json"), key=lambda p: (order.get(p.parent.parent.name, len(order)), str(p)))
         for path in paths:
             data = json.loads(path.read_text(encoding="utf-8"))
             data["_path"] = str(path)
@@ -46,13 +63,27 @@ def _score(row: dict[str, Any]) -> str:
     return f"{row['score'] * scale:.1f} ± {half:.1f}"
 
 
+def _others(row: dict[str, Any]) -> str:
+    """The run's other metrics (e.g. F1 beside exact match, chrF beside BLEU), same scale as the score."""
+    out = []
+    for name, m in (row.get("metrics") or {}).items():
+        if name == row["primary_metric"] or not isinstance(m, dict) or m.get("value") is None:
+            continue
+        scale = 100.0 if name in ("exact_match", "exact_match_number", "f1") else 1.0
+        out.append(f"{name} {m['value'] * scale:.1f}")
+    return ", ".join(out) or "-"
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One markdown table: a line per (task, run); scores in % for accuracy-type metrics, ± half the 95% CI."""
-    header = ["task", "run", "method", "members", "n", "metric", "score ± CI95", "s/ex", "fwd/ex", "tok/s"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["---"] + ["--:"] + ["---"] + ["--:"] * 4) + "|"]
-    for r in sorted(rows, key=lambda r: r["task"]):
+    header = ["task", "run", "method", "members", "n", "metric", "score ± CI95", "other metrics", "s/ex", "fwd/ex",
+              "tok/s"]
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join(["---"] * 3 + ["---"] + ["--:"] + ["---"] + ["--:"] + ["---"] + ["--:"] * 3) + "|"]
+    for r in sorted(rows, key=lambda r: r["task"]):  # stable: runs keep their order within a task
         lines.append("| " + " | ".join([
             r["task"], r["run"], r["method"], ", ".join(r["members"]), str(r["n"]), r["primary_metric"], _score(r),
+            _others(r),
             _num(r.get("wall_s_per_example"), ".2f"), _num(r.get("forward_passes_per_example"), ".1f"),
             _num(r.get("tokens_per_s"), ".1f"),
         ]) + " |")

@@ -159,6 +159,7 @@ def test_cli_eval_and_report(tmp_path: Path, data: Path, capsys: pytest.CaptureF
     assert printed.count("\n| ") == 4 and "score ± CI95" in printed and png.stat().st_size > 0
     rows = collect([out])
     assert len(rows) == 4
+    assert [r["run"] for r in rows if r["task"] == "gsm8k"] == ["a", "b"]  # the config's order
     table, path = report([out])
     assert table == markdown_table(rows) and path == out / "report.png"
 
@@ -185,3 +186,19 @@ def test_missing_ensemble_backend_is_clear(monkeypatch: pytest.MonkeyPatch) -> N
         methods.build_generator("adafuse", ["a", "b"])
     with pytest.raises(ConfigError, match="exactly one member"):
         methods.build_generator("single", ["a", "b"])
+
+
+def test_report_rows_follow_the_config_order(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "config.yaml").parent.mkdir(parents=True)
+    (out / "config.yaml").write_text(yaml.safe_dump({"runs": [{"name": "zeta"}, {"name": "alpha"}]}))
+    for run in ("alpha", "zeta"):
+        folder = out / run / "nq_open"
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({
+            "task": "nq_open", "run": run, "method": "single", "members": ["m"], "n": 2, "primary_metric": "exact_match",
+            "score": 0.5, "ci95": [0.0, 1.0], "metrics": {"exact_match": {"value": 0.5}, "f1": {"value": 0.625}}}))
+    rows = collect([out])
+    assert [r["run"] for r in rows] == ["zeta", "alpha"]
+    table = markdown_table(rows)
+    assert table.index("| zeta |") < table.index("| alpha |") and "| f1 62.5 |" in table
