@@ -13,7 +13,9 @@ Words are `adafuse.words.count_words` units of the output text. With `--normalis
 measures, teacher-forced on the gold chain-of-thought answers, how often each score normalisation /
 calibration picks the gold next word among the union of the members' candidates (+ the gold word).
 
-    python benchmarks/adafuse_cost.py --limit 20 --max_new_tokens 200
+    python benchmarks/adafuse_cost.py --limit 20 --max_new_tokens 200 --batch_size 4 \
+        --ensembles '[{"lead": 2}, {"lead": 2, "drafters": ["lookup", "lookup", "lookup"]}, {"lead": 0}]' \
+        --markdown docs/results/adafuse_cost/gsm8k_20.md
     python benchmarks/adafuse_cost.py --normalisation --limit 8
 """
 from __future__ import annotations
