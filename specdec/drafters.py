@@ -320,13 +320,12 @@ def quantize_int8(member: Member) -> Member:
 # forward costs ~0.3x one, so one chain beats wider trees: up to 8 tokens, cut where the drafter's top
 # probability is below 0.4. Prompt lookup: one gated continuation (a >= 2-gram match, >= 2 tokens) of up to 8.
 DEFAULT_STOP_BELOW = 0.4
-DEFAULT_SHAPES = {"model": dict(scheme="greedy", num_drafts=1, depth=8),
-                  "lookup": dict(scheme="greedy", num_drafts=1, depth=8)}
+DEFAULT_SHAPE = dict(scheme="greedy", num_drafts=1, depth=8)  # the same measured winner for both kinds
 
 
-def default_shape(drafter: Drafter | None) -> dict:
-    """The measured default tree shape (scheme, num_drafts, depth) for a drafter."""
-    return dict(DEFAULT_SHAPES["lookup" if isinstance(drafter, PromptLookupDrafter) else "model"])
+def default_shape(drafter: Drafter | None = None) -> dict:
+    """The measured default tree shape (scheme, num_drafts, depth); today one shape for every drafter."""
+    return dict(DEFAULT_SHAPE)
 
 
 def make_drafter(spec, dtype: str = "float32", stop_below: float = DEFAULT_STOP_BELOW,

@@ -29,12 +29,20 @@ def build(args: argparse.Namespace, target):
     from specdec.drafters import DEFAULT_STOP_BELOW, default_shape, make_drafter
     from specdec.engine import SpeculativeGenerator
 
+    from adafuse.errors import AdafuseError, ConfigError
+
     stop_below = getattr(args, "stop_below", None)
-    drafter = make_drafter(args.drafter, dtype=args.dtype, stop_below=DEFAULT_STOP_BELOW if stop_below is None else stop_below)
-    d = default_shape(drafter)
-    return SpeculativeGenerator(target, drafter, scheme=args.scheme or d["scheme"],
-                                num_drafts=args.drafts or d["num_drafts"], depth=args.depth if args.depth is not None else d["depth"],
-                                verifier=args.verifier)
+    try:
+        drafter = make_drafter(args.drafter, dtype=args.dtype,
+                               stop_below=DEFAULT_STOP_BELOW if stop_below is None else stop_below)
+        d = default_shape(drafter)
+        return SpeculativeGenerator(target, drafter, scheme=args.scheme or d["scheme"],
+                                    num_drafts=args.drafts or d["num_drafts"],
+                                    depth=args.depth if args.depth is not None else d["depth"], verifier=args.verifier)
+    except AdafuseError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"speculative options rejected: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
