@@ -25,6 +25,7 @@ import torch
 
 from adafuse.outputs import Cost, GenerationOutput
 from adafuse.sampling import logits_to_probs, sample
+from adafuse.packed_linear import only_tokens
 
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
 
@@ -293,21 +294,31 @@ class KVState:
         }
         attention_mask = float_masks if self.member.has_sliding else float_masks["full_attention"]
 
+        # logits_to_keep: the positions (shared by all rows) the model computes logits at; `head`:
+        # which (row, kept position) pairs are actually wanted (packed LM heads compute only those)
         if keep == "all":
-            logits_to_keep = 0
+            logits_to_keep, head = 0, valid
         elif keep == "at":
             want = sorted({int(i) for row in at for i in row}) or [0]
+            col = {i: k for k, i in enumerate(want)}
             logits_to_keep = torch.tensor(want).to(device)
+            head = torch.zeros(B, len(want), dtype=torch.bool)
+            for b, row in enumerate(at):
+                head[b, [col[int(i)] for i in row]] = True
         elif keep == "last":
             last_idx = torch.tensor([max(len(t) - 1, 0) for t in tokens])
             uniq = torch.unique(last_idx)
             logits_to_keep = uniq.to(device)
+            where = torch.searchsorted(uniq, last_idx)
+            head = torch.zeros(B, len(uniq), dtype=torch.bool)
+            head[rows, where] = valid.any(dim=1)
         else:
-            logits_to_keep = 1
-        out = self.member.model(
-            input_ids=tok.to(device), attention_mask=attention_mask, position_ids=pos.to(device),
-            cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep,
-        )
+            logits_to_keep, head = 1, torch.zeros(B, 1, dtype=torch.bool)
+        with only_tokens(valid.to(device), head.to(device)):  # packed layers skip padding and unwanted logits
+            out = self.member.model(
+                input_ids=tok.to(device), attention_mask=attention_mask, position_ids=pos.to(device),
+                cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep,
+            )
         self.member.counters.forward_passes += 1
         self.member.counters.tokens_processed += int(valid.sum())
         new_pos = torch.where(valid, pos, torch.full_like(pos, -1)).to(device)
@@ -315,13 +326,11 @@ class KVState:
         if keep == "all":
             return out.logits.float(), S
         if keep == "at":
-            col = {i: k for k, i in enumerate(want)}
             width = max((len(row) for row in at), default=0) or 1
-            idx = torch.tensor([[col[int(row[k])] if k < len(row) else 0 for k in range(width)] for row in at],
+            idx = torch.tensor([[col[int(row[min(k, len(row) - 1)])] if row else 0 for k in range(width)] for row in at],
                                dtype=torch.long, device=out.logits.device)
             return out.logits.gather(1, idx[:, :, None].expand(-1, -1, out.logits.shape[-1])).float(), S
         if keep == "last":
-            where = torch.searchsorted(uniq, last_idx)
             return out.logits[rows, where.to(out.logits.device)].float(), S
         return None, S
 
@@ -528,7 +537,9 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     """Load a registry name, local folder or hub id as a `Member` (no network for registry names).
 
     `pack_weights` (default: on for float32 on CPU) swaps the Linear layers for oneDNN-packed ones
-    (`adafuse.packed_linear`): same outputs to float32 rounding, 1.2-3x faster multi-token forwards."""
+    (`adafuse.packed_linear`): same outputs to float32 rounding, 1.2-3x faster multi-token forwards;
+    packed layers also skip the padding of rows with fewer new tokens. On CPU, `sdpa` attention keeps
+    grouped K/V heads grouped under our tree masks (`adafuse.gqa_attention`; identical outputs)."""
     import os
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -548,6 +559,10 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
         from adafuse.packed_linear import pack_linear_weights
 
         pack_linear_weights(model)
+    if torch.device(device).type == "cpu":
+        from adafuse.gqa_attention import use_gqa_sdpa
+
+        use_gqa_sdpa(model)
     return Member(model, tok, name=display, use_chat_template=use_chat_template)
 
 

@@ -10,14 +10,52 @@ a weight reordered once into its blocked layout streams the weight a single time
 with `nn.Linear` to float32 rounding (a different summation order), exactly as two BLAS libraries do.
 A weight shared with another module (a tied LM head) stays referenced there; any other original
 weight is released, so packing costs no extra memory except for tied heads.
+
+`only_tokens(valid)`: inside this context, a packed layer whose input has the mask's leading shape
+[B, N] multiplies only the True positions and writes zeros at the others. Batches of rows with
+different numbers of new tokens (padded to the longest) then cost their real token count in every
+linear layer, which is where a CPU forward over several tokens spends its time.
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import torch
 from torch import nn
 
 # oneDNN picks its blocking for this many rows; 1..64 rows all run well with it (measured).
 DEFAULT_BATCH_HINT = 16
+
+
+# role -> (leading shape, flat indices of the rows to compute); roles: "body" (every layer but the
+# LM head), "head" (the output embedding, marked at packing time)
+_subsets: dict[str, tuple[torch.Size, torch.Tensor]] = {}
+
+
+def _as_subset(mask: torch.Tensor | None) -> tuple[torch.Size, torch.Tensor] | None:
+    if mask is None or bool(mask.all()):
+        return None
+    return mask.shape, mask.reshape(-1).nonzero().squeeze(-1)
+
+
+@contextlib.contextmanager
+def only_tokens(valid: torch.Tensor, head: torch.Tensor | None = None) -> Iterator[None]:
+    """Within the block, packed layers whose input has `valid`'s leading shape [B, N] compute only the
+    True positions (zeros elsewhere); the packed LM head does the same with `head` ([B, K] bool over
+    the positions the model keeps logits for). All-True masks are no-ops. Not thread-safe (module
+    state)."""
+    previous = dict(_subsets)
+    _subsets.clear()
+    for role, mask in (("body", valid), ("head", head)):
+        subset = _as_subset(mask)
+        if subset is not None:
+            _subsets[role] = subset
+    try:
+        yield
+    finally:
+        _subsets.clear()
+        _subsets.update(previous)
 
 
 def packing_available() -> bool:
@@ -28,8 +66,9 @@ def packing_available() -> bool:
 class PackedLinear(nn.Module):
     """`y = x W^T + b` with W reordered once for oneDNN. Inference only (no autograd through W)."""
 
-    def __init__(self, linear: nn.Linear, batch_hint: int = DEFAULT_BATCH_HINT):
+    def __init__(self, linear: nn.Linear, batch_hint: int = DEFAULT_BATCH_HINT, role: str = "body"):
         super().__init__()
+        self.role = role  # "head" for the LM head (see `only_tokens`)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint),
@@ -38,9 +77,18 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        subset = _subsets.get(self.role)
+        if subset is not None and x.shape[:-1] != subset[0]:
+            subset = None
+        if subset is not None:
+            if subset[1].numel() == 0:
+                return x.new_zeros(*x.shape[:-1], self.out_features)
+            rows = rows.index_select(0, subset[1])
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.float().contiguous()
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        if subset is not None:
+            y = y.new_zeros(x.shape[:-1].numel(), self.out_features).index_copy_(0, subset[1], y)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -55,12 +103,13 @@ def pack_linear_weights(model: nn.Module, batch_hint: int = DEFAULT_BATCH_HINT) 
     """
     if not packing_available():
         return 0
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod) is nn.Linear and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu"]
     for name, mod in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PackedLinear(mod, batch_hint))
+        setattr(parent, attr, PackedLinear(mod, batch_hint, role="head" if mod is head else "body"))
     return len(targets)
 
 

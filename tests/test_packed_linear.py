@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from adafuse.packed_linear import PackedLinear, is_packed, pack_linear_weights, packing_available
-from adafuse.testing import tiny_model
+from adafuse.testing import char_tokenizer, tiny_model
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 
@@ -51,3 +51,64 @@ def test_int8_drafter_refuses_packed_member():
     pack_linear_weights(m.model)
     with pytest.raises(ValueError, match="pack_weights=False"):
         quantize_int8(m)
+
+
+def test_only_tokens_computes_the_masked_rows_and_zeros_the_rest():
+    from adafuse.packed_linear import only_tokens
+
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    body, head = PackedLinear(lin), PackedLinear(lin, role="head")
+    x = torch.randn(3, 5, 24)
+    valid = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    want = torch.tensor([[0, 1], [1, 0], [0, 0]], dtype=torch.bool)
+    with only_tokens(valid, want):
+        y = body(x)
+        h = head(x[:, :2])
+        other_shape = body(x[:, :4])  # another leading shape: computed in full
+    torch.testing.assert_close(y[valid], lin(x)[valid], atol=1e-5, rtol=1e-5)
+    assert bool((y[~valid] == 0).all())
+    torch.testing.assert_close(h[want], lin(x[:, :2])[want], atol=1e-5, rtol=1e-5)
+    assert bool((h[~want] == 0).all())
+    torch.testing.assert_close(other_shape, lin(x[:, :4]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(body(x), lin(x), atol=1e-5, rtol=1e-5)  # context gone
+
+
+def test_pack_marks_the_lm_head():
+    model = tiny_model("llama")
+    pack_linear_weights(model)
+    assert model.get_output_embeddings().role == "head"
+    assert {m.role for m in model.modules() if isinstance(m, PackedLinear)} == {"head", "body"}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("packed", [True, False])
+def test_ragged_tree_forwards_equal_one_row_at_a_time(arch, packed):
+    """Rows with different node counts in one forward (padding skipped by packed layers, LM head only
+    where asked, grouped K/V attention) give each row the logits it gets alone."""
+    from adafuse.gqa_attention import use_gqa_sdpa
+    from adafuse.member import Member
+
+    model = tiny_model(arch, vocab_size=64)
+    if packed:
+        pack_linear_weights(model)
+    assert use_gqa_sdpa(model)
+    m = Member(model, char_tokenizer(), name="t")
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    tokens = [[20, 21, 22, 23, 24], [25], [26, 27]]
+    parents = [[-1, 0, 1, 0, 3], [-1], [-1, -1]]
+    at = [[2, 4], [0], [1]]
+
+    def run(rows, logits_at):
+        st = m.start(prompts)
+        tok = [t if b in rows else [] for b, t in enumerate(tokens)]
+        par = [p if b in rows else [] for b, p in enumerate(parents)]
+        lat = None if logits_at is None else [a if b in rows else [] for b, a in enumerate(at)]
+        return st.forward_tree(tok, par, logits_at=lat)
+
+    for logits_at in (None, at):
+        together = run({0, 1, 2}, logits_at)
+        for b in range(3):
+            alone = run({b}, logits_at)
+            n = len(tokens[b]) if logits_at is None else len(at[b])
+            torch.testing.assert_close(together[b, :n], alone[b, :n], atol=1e-4, rtol=1e-4)

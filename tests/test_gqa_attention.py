@@ -1,0 +1,33 @@
+"""Grouped K/V attention under our tree masks equals transformers' sdpa (which repeats K/V heads)."""
+import copy
+
+import pytest
+import torch
+
+from adafuse.gqa_attention import NAME, use_gqa_sdpa
+from adafuse.testing import char_tokenizer, tiny_model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_gqa_sdpa_equals_sdpa_on_tree_forwards(arch):
+    from adafuse.member import Member
+
+    ref_model = tiny_model(arch)
+    model = copy.deepcopy(ref_model)
+    assert use_gqa_sdpa(model) and model.config._attn_implementation == NAME
+    assert ref_model.config._attn_implementation == "sdpa"
+    outs = []
+    for mdl in (ref_model, model):
+        st = Member(mdl, char_tokenizer(), name="t").start([[5, 6, 7, 8, 9], [10, 11]])
+        tree = st.forward_tree([[20, 21, 22, 23], [24, 25]], [[-1, 0, -1, 2], [-1, 0]])
+        st.accept([[0, 1], [0]])
+        chain = st.append([[30, 31, 32], [33]])
+        outs.append((tree, chain))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_only_sdpa_models_are_switched():
+    model = tiny_model("llama")
+    model.set_attn_implementation("eager")
+    assert not use_gqa_sdpa(model) and model.config._attn_implementation == "eager"
