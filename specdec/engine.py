@@ -236,10 +236,18 @@ class SpeculativeGenerator:
     @torch.no_grad()
     def decode(self, state: KVState, max_new_tokens: int, stop_fn: Callable[[int, list[int]], bool] | None = None,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-               generators: list[torch.Generator | None] | None = None, stop_at_eos: bool = True) -> list[list[int]]:
+               generators: list[torch.Generator | None] | None = None, stop_at_eos: bool = True,
+               commit_last: bool = True, record_sources: bool = False) -> list[list[int]]:
         """Continue every row of an existing target `state`, committing the new tokens into it, until
         `stop_fn(row, new_ids)` is True (checked after every token; the state then holds exactly the
-        returned tokens), the row emits EOS (when `stop_at_eos`), or `max_new_tokens`."""
+        returned tokens), the row emits EOS (when `stop_at_eos`), or `max_new_tokens`.
+
+        With `record_sources`, `self.last_sources[row][j]` holds (while it runs, and after) the
+        target's logits that new token j was drawn from, so `stop_fn` can look at the distribution at
+        the point it is asked about.
+        `commit_last=False` skips the final forward that commits each row's last token (a caller
+        about to roll it back saves that forward): `self.last_uncommitted[row]` then says whether the
+        state lacks the row's last returned token."""
         eos = self.target.eos_token_ids
 
         def fn(b: int, new: list[int]) -> bool:
@@ -247,11 +255,12 @@ class SpeculativeGenerator:
                 return True
             return bool(stop_fn(b, new)) if stop_fn is not None else False
 
-        return self._decode(state, max_new_tokens, fn, temperature, top_k, top_p, generators, commit_last=True)
+        return self._decode(state, max_new_tokens, fn, temperature, top_k, top_p, generators, commit_last=commit_last,
+                            record_sources=record_sources)
 
     # ---- the loop --------------------------------------------------------------------------
     def _decode(self, state: KVState, max_new_tokens: int, stop_fn, temperature, top_k, top_p, generators,
-                commit_last: bool) -> list[list[int]]:
+                commit_last: bool, record_sources: bool = False) -> list[list[int]]:
         B = state.batch_size
         gens = list(generators) if generators is not None else [None] * B
         state._refresh()
@@ -260,6 +269,8 @@ class SpeculativeGenerator:
         pending: list[int | None] = [None] * B
         stats = [RowStats() for _ in range(B)]
         self.last_stats = stats
+        sources: list[list[torch.Tensor]] = [[] for _ in range(B)]
+        self.last_sources = sources
         while not all(done):
             contexts = [None if done[b] else state.ids[b] + ([pending[b]] if pending[b] is not None else [])
                         for b in range(B)]
@@ -293,8 +304,12 @@ class SpeculativeGenerator:
                 path = [index[0]] if pending[b] is not None else []
                 pending[b] = None
                 emitted = [tree.tokens[n] for n in accepted] + [final]
+                chain = [0] + accepted  # emitted[j] was drawn at node chain[j]
                 for j, tok in enumerate(emitted):
                     new[b].append(tok)
+                    if record_sources:
+                        node = index[chain[j]]
+                        sources[b].append(state.last_logits[b].clone() if node < 0 else logits[b, node])
                     stats[b].tokens += 1
                     stop = stop_fn(b, new[b]) or len(new[b]) >= max_new_tokens
                     if j < len(accepted):
@@ -308,6 +323,7 @@ class SpeculativeGenerator:
                 paths[b] = path
             if logits is not None:
                 state.accept(paths)
+        self.last_uncommitted = [p is not None and not commit_last for p in pending]
         if commit_last and any(p is not None for p in pending):
             state.append([[p] if p is not None else [] for p in pending], return_logits=False)
         return new

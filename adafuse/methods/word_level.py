@@ -332,42 +332,58 @@ class WordFusion:
     def _speculative_words(self, rows: list[int], margins: dict[int, float]
                            ) -> dict[int, tuple[list[tuple[str, float]], bool]]:
         """Confident words of a lead that has a `specdec.SpeculativeGenerator`: one speculative
-        `decode` per step continues the lead's own KV state for up to the rest of the span; the
-        target's distribution after every committed token is recorded, so each later word start is
-        gated exactly as the plain path would gate it (margin, span, canonical boundary, length).
-        Tokens past the last accepted word are rolled back. Greedy output equals the plain path's.
-        Returns row -> ([(word, gate margin at its start)], hit EOS)."""
+        `decode` per step continues the lead's own KV state for up to the rest of the span, and stops
+        a row as soon as a new word starts where the lead is not confident (the engine reports the
+        target distribution every token was drawn from), so each word start is gated exactly as the
+        plain path would gate it (margin, span, canonical boundary, length). Tokens past the last
+        accepted word are rolled back; the row's last token is committed only when it is kept.
+        Greedy output equals the plain path's. Returns row -> ([(word, gate margin at its start)],
+        hit EOS)."""
         cfg = self.config
         view = self.views[self.lead]
         member, state = view.member, view.state
+        spec = self.speculators[self.lead]
         want = set(rows)
         budget = {b: cfg.span - self.streak[b] for b in rows}
         before = list(state.lengths)
         saved = state.last_logits.clone()
 
         def stop_fn(b: int, new: list[int]) -> bool:
-            return b not in want or count_complete_units(member.decode(new)) >= budget[b]
+            if b not in want:
+                return True
+            units = count_complete_units(member.decode(new))
+            if units >= budget[b]:
+                return True
+            if units and len(new) > 1 and count_complete_units(member.decode(new[:-1])) < units:
+                # new[-1] starts the next word: go on only where the lead is confident about it
+                return float(top2_margin(torch.softmax(spec.last_sources[b][-1].float(), -1)[None])[0]) < cfg.threshold
+            return False
 
-        rec = _Recorder(state)
-        try:
-            new_ids = self.speculators[self.lead].decode(
-                state, max(budget.values()) * cfg.max_word_tokens + 1, stop_fn=stop_fn,
-                temperature=self.temperature, generators=self.gens)
-        finally:
-            rec.close()
+        new_ids = spec.decode(state, max(budget.values()) * cfg.max_word_tokens + 1, stop_fn=stop_fn,
+                              temperature=self.temperature, generators=self.gens, commit_last=False,
+                              record_sources=True)
+        sources, uncommitted = spec.last_sources, spec.last_uncommitted
         out: dict[int, tuple[list[tuple[str, float]], bool]] = {}
-        keep = [before[b] for b in range(state.batch_size)]
+        keep = list(state.lengths)
         last: dict[int, torch.Tensor] = {b: saved[b] for b in range(state.batch_size) if b not in want}
-        for b in rows:
-            words, n_keep, eos = self._walk_chunk(b, new_ids[b], rec.after[b], margins[b], budget[b])
+        missing: list[list[int]] = [[] for _ in range(state.batch_size)]
+        for b in range(state.batch_size):
+            if b not in want:
+                keep[b] = before[b]
+                continue
+            words, n_keep, eos = self._walk_chunk(b, new_ids[b], sources[b][1:], margins[b], budget[b])
             out[b] = (words, eos)
-            keep[b] = before[b] + n_keep
-            if n_keep < len(new_ids[b]):
-                last[b] = rec.after[b][n_keep - 1] if n_keep else saved[b]
+            committed = len(new_ids[b]) - int(uncommitted[b])
+            keep[b] = before[b] + min(n_keep, committed)
+            missing[b] = new_ids[b][committed:n_keep]
+            if n_keep < len(new_ids[b]):  # the distribution at the kept boundary is already known
+                last[b] = sources[b][n_keep]
         state.rollback(keep)
-        for b, logits in last.items():  # the distribution at the kept boundary is already known
+        for b, logits in last.items():
             state.last_logits[b] = logits
             state._stale.discard(b)
+        if any(missing):  # a kept last token the engine left uncommitted (rare)
+            state.append(missing, return_logits=False)
         return out
 
     def _walk_chunk(self, b: int, ids: list[int], after: list[torch.Tensor], first_margin: float,
@@ -388,7 +404,7 @@ class WordFusion:
             committed = view.texts[b] + "".join(w for w, _ in words)
             if member.encode(committed) != have + ids[:n_tokens]:
                 return None  # the plain path would repair the boundary here
-            if len(have) + n_tokens >= self.max_new_tokens or len(words) >= budget:
+            if len(have) + n_tokens >= self.max_new_tokens or len(words) >= budget or n_tokens > len(after):
                 return None
             m = float(top2_margin(torch.softmax(after[n_tokens - 1].float(), -1)[None])[0])
             return m if m >= cfg.threshold else None
@@ -590,42 +606,6 @@ def count_complete_units(text: str) -> int:
         n += 1
         rest = rest[end:]
     return n
-
-
-class _Recorder:
-    """Records, while a speculative engine continues a `KVState`, the target's logits after every
-    token it commits (tree nodes on `accept`, appended tokens on `append`), per row, in order.
-    It wraps the three methods on the instance and `close()` removes the wrappers."""
-
-    def __init__(self, state: Any):
-        self.state = state
-        self.after: list[list[torch.Tensor]] = [[] for _ in range(state.batch_size)]
-        self._logits: torch.Tensor | None = None
-        forward_tree, accept, append = state.forward_tree, state.accept, state.append
-
-        def rec_forward_tree(tokens, parents):
-            self._logits = forward_tree(tokens, parents)
-            return self._logits
-
-        def rec_accept(paths):
-            if self._logits is not None:
-                for row, path in enumerate(paths):
-                    self.after[row].extend(self._logits[row, n] for n in path)
-            self._logits = None
-            accept(paths)
-
-        def rec_append(tokens, return_logits=True):
-            logits = append(tokens, return_logits=True)
-            if logits is not None:
-                for row, t in enumerate(tokens):
-                    self.after[row].extend(logits[row, i] for i in range(len(t)))
-            return logits if return_logits else None
-
-        state.forward_tree, state.accept, state.append = rec_forward_tree, rec_accept, rec_append
-
-    def close(self) -> None:
-        for name in ("forward_tree", "accept", "append"):
-            self.state.__dict__.pop(name, None)
 
 
 def continuation_ids(view: MemberText, row: int, text: str) -> list[int]:
