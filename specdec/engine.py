@@ -237,7 +237,8 @@ class SpeculativeGenerator:
     def decode(self, state: KVState, max_new_tokens: int, stop_fn: Callable[[int, list[int]], bool] | None = None,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                generators: list[torch.Generator | None] | None = None, stop_at_eos: bool = True,
-               commit_last: bool = True, record_sources: bool = False) -> list[list[int]]:
+               commit_last: bool = True, record_sources: bool = False,
+               rows: Sequence[int] | None = None) -> list[list[int]]:
         """Continue every row of an existing target `state`, committing the new tokens into it, until
         `stop_fn(row, new_ids)` is True (checked after every token; the state then holds exactly the
         returned tokens), the row emits EOS (when `stop_at_eos`), or `max_new_tokens`.
@@ -247,7 +248,8 @@ class SpeculativeGenerator:
         the point it is asked about.
         `commit_last=False` skips the final forward that commits each row's last token (a caller
         about to roll it back saves that forward): `self.last_uncommitted[row]` then says whether the
-        state lacks the row's last returned token."""
+        state lacks the row's last returned token. `rows` limits the work to those rows (the others
+        get no tokens, no drafts, no tree nodes)."""
         eos = self.target.eos_token_ids
 
         def fn(b: int, new: list[int]) -> bool:
@@ -256,16 +258,18 @@ class SpeculativeGenerator:
             return bool(stop_fn(b, new)) if stop_fn is not None else False
 
         return self._decode(state, max_new_tokens, fn, temperature, top_k, top_p, generators, commit_last=commit_last,
-                            record_sources=record_sources)
+                            record_sources=record_sources, rows=rows)
 
     # ---- the loop --------------------------------------------------------------------------
     def _decode(self, state: KVState, max_new_tokens: int, stop_fn, temperature, top_k, top_p, generators,
-                commit_last: bool, record_sources: bool = False) -> list[list[int]]:
+                commit_last: bool, record_sources: bool = False, rows: Sequence[int] | None = None
+                ) -> list[list[int]]:
         B = state.batch_size
         gens = list(generators) if generators is not None else [None] * B
         state._refresh()
         new: list[list[int]] = [[] for _ in range(B)]
-        done = [max_new_tokens <= 0] * B
+        active = set(range(B)) if rows is None else set(rows)
+        done = [max_new_tokens <= 0 or b not in active for b in range(B)]
         pending: list[int | None] = [None] * B
         stats = [RowStats() for _ in range(B)]
         self.last_stats = stats

@@ -110,6 +110,24 @@ def test_decode_continues_an_existing_state(pair):
     assert state.ids[0] == ids[0] + ref[0][:5] and state.ids[1] == ids[1] + ref[1][:10]
 
 
+@pytest.mark.parametrize("which", ["perfect", "random", "lookup"])
+def test_decode_rows_sources_and_uncommitted_last_token(pair, which):
+    """decode(rows=...) leaves other rows alone; record_sources gives the distribution each token was
+    drawn from (greedy: its argmax is the token); commit_last=False leaves only the last token out."""
+    target, other = pair
+    ids = [target.encode_prompt(p) for p in PROMPTS]
+    plain = SpeculativeGenerator(target, None).decode(target.start(ids), 7, stop_at_eos=False)
+    g = SpeculativeGenerator(target, drafters(target, other)[which], num_drafts=2, depth=3)
+    state = target.start(ids)
+    out = g.decode(state, 7, stop_at_eos=False, rows=[0, 2], record_sources=True, commit_last=False)
+    assert out[1] == [] and state.ids[1] == ids[1]
+    for b in (0, 2):
+        assert out[b] == plain[b]
+        assert [int(s.argmax()) for s in g.last_sources[b]] == out[b]
+        assert state.ids[b] == ids[b] + out[b][: len(out[b]) - int(g.last_uncommitted[b])]
+    assert any(g.last_uncommitted)
+
+
 def test_tokenizer_mismatch_is_one_clear_line():
     target = tiny_member("llama", tokenizer=char_tokenizer(), name="char-target")
     drafter = tiny_member("llama", tokenizer=bpe_tokenizer(), name="bpe-drafter")

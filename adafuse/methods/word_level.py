@@ -349,8 +349,6 @@ class WordFusion:
         saved = state.last_logits.clone()
 
         def stop_fn(b: int, new: list[int]) -> bool:
-            if b not in want:
-                return True
             units = count_complete_units(member.decode(new))
             if units >= budget[b]:
                 return True
@@ -361,7 +359,7 @@ class WordFusion:
 
         new_ids = spec.decode(state, max(budget.values()) * cfg.max_word_tokens + 1, stop_fn=stop_fn,
                               temperature=self.temperature, generators=self.gens, commit_last=False,
-                              record_sources=True)
+                              record_sources=True, rows=rows)
         sources, uncommitted = spec.last_sources, spec.last_uncommitted
         out: dict[int, tuple[list[tuple[str, float]], bool]] = {}
         keep = list(state.lengths)
