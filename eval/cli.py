@@ -40,12 +40,14 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, limit=args.limit, output_path=args.output_path, seed=args.seed,
                       batch_size=args.batch_size, data_dir=args.data_dir)
+    all_runs = list(cfg.runs)
     cfg.tasks = _subset(cfg.tasks, args.tasks, "task", args.config)
     cfg.runs = _subset(cfg.runs, args.runs, "run", args.config)
     if args.write_out:
         _write_out(cfg)
     try:
-        results = evaluate(cfg, progress=not args.no_progress, log=lambda s: print(s, file=sys.stderr))
+        results = evaluate(cfg, progress=not args.no_progress, log=lambda s: print(s, file=sys.stderr),
+                           recorded_runs=all_runs)
     except KeyboardInterrupt:
         print(f"interrupted: finished examples are kept in {cfg.output_path}; rerun the same command to resume",
               file=sys.stderr)

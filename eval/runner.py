@@ -12,6 +12,7 @@ import math
 import os
 import time
 from pathlib import Path
+from dataclasses import asdict
 from typing import Any, Callable
 
 import yaml
@@ -180,12 +181,17 @@ def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -
     }
 
 
-def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
-    """Run every run x task of `cfg` into `cfg.output_path`; returns the metrics dicts."""
+def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], None] | None = print,
+             recorded_runs: list[RunSpec] | None = None) -> list[dict[str, Any]]:
+    """Run every run x task of `cfg` into `cfg.output_path`; returns the metrics dicts.
+    `recorded_runs` (default: cfg.runs) are the runs written to the folder's config.yaml — the whole
+    config's runs when only some of them are run now (`--runs`), so reports keep its order."""
     data_dir = resolve_data_dir(cfg.data_dir)
     out = Path(cfg.output_path)
     out.mkdir(parents=True, exist_ok=True)
     resolved = {**cfg.to_dict(), "data_dir": str(data_dir)}
+    if recorded_runs is not None:
+        resolved["runs"] = [asdict(r) for r in recorded_runs]
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True), encoding="utf-8")
     results = []
     for run in cfg.runs:

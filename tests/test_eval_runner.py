@@ -202,3 +202,17 @@ def test_report_rows_follow_the_config_order(tmp_path: Path) -> None:
     assert [r["run"] for r in rows] == ["zeta", "alpha"]
     table = markdown_table(rows)
     assert table.index("| zeta |") < table.index("| alpha |") and "| f1 62.5 |" in table
+
+
+def test_running_a_subset_keeps_the_config_order(tmp_path: Path, data: Path) -> None:
+    """`--runs b` then `--runs a`: config.yaml still lists the whole config, so the report keeps a, b."""
+    cfg_path = tmp_path / "c.yaml"
+    out = tmp_path / "out"
+    cfg_path.write_text(yaml.safe_dump(_cfg(data, out, runs=[
+        {"name": "a", "method": "fake", "members": ["m1"]},
+        {"name": "b", "method": "fake", "members": ["m1", "m2"], "options": {"mode": "echo"}}])))
+    for which in ("b", "a"):
+        assert adafuse_main(["eval", str(cfg_path), "--limit", "2", "--runs", which, "--data_dir", str(data),
+                             "--no_progress"]) == 0
+    assert [r["name"] for r in yaml.safe_load((out / "config.yaml").read_text())["runs"]] == ["a", "b"]
+    assert [r["run"] for r in collect([out])] == ["a", "b"]
