@@ -343,10 +343,8 @@ class WordFusion:
         view = self.views[self.lead]
         member, state = view.member, view.state
         spec = self.speculators[self.lead]
-        want = set(rows)
         budget = {b: cfg.span - self.streak[b] for b in rows}
         before = list(state.lengths)
-        saved = state.last_logits.clone()
 
         def stop_fn(b: int, new: list[int]) -> bool:
             units = count_complete_units(member.decode(new))
@@ -357,18 +355,16 @@ class WordFusion:
                 return float(top2_margin(torch.softmax(spec.last_sources[b][-1].float(), -1)[None])[0]) < cfg.threshold
             return False
 
+        # only `rows` are decoded: the other rows' state is left as it is
         new_ids = spec.decode(state, max(budget.values()) * cfg.max_word_tokens + 1, stop_fn=stop_fn,
                               temperature=self.temperature, generators=self.gens, commit_last=False,
                               record_sources=True, rows=rows)
         sources, uncommitted = spec.last_sources, spec.last_uncommitted
         out: dict[int, tuple[list[tuple[str, float]], bool]] = {}
-        keep = list(state.lengths)
-        last: dict[int, torch.Tensor] = {b: saved[b] for b in range(state.batch_size) if b not in want}
+        keep = list(before)
+        last: dict[int, torch.Tensor] = {}
         missing: list[list[int]] = [[] for _ in range(state.batch_size)]
-        for b in range(state.batch_size):
-            if b not in want:
-                keep[b] = before[b]
-                continue
+        for b in rows:
             words, n_keep, eos = self._walk_chunk(b, new_ids[b], sources[b][1:], margins[b], budget[b])
             out[b] = (words, eos)
             committed = len(new_ids[b]) - int(uncommitted[b])
