@@ -10,10 +10,13 @@ row is confident, every row ensembles one word together (one set of member forwa
   again. After `span` confident words in a row the next word is ensembled ("forced"), so at most
   `span` words are ever committed without the other members' say; span=0 ensembles every word.
 - uncertain: each member proposes its top-`candidates` first tokens, each completed greedily to the
-  word boundary (all of a member's branches of all rows in one tree forward per token); the union
-  of the candidate words (dedup by exact text) is scored by every member (`KVState.score`: all
-  candidates of all rows in one forward per member), normalised (`normalise`), fused across members
-  with the member weights (`calibration`), and the best is committed.
+  word boundary (all of a member's branches of all rows in one tree forward per step; a branch walks
+  on through draft nodes in that tree, the words members before it proposed, as long as its greedy
+  next token is there); the union of the candidate words (dedup
+  by exact text) is scored by every member (all candidates of all rows in one tree forward per
+  member; the lead completes last, with every other candidate in its tree, and is usually scored
+  from that tree at no further forward), normalised (`normalise`), fused across members with the
+  member weights (`calibration`), and the best is committed.
 
 Text discipline: the shared committed text of a row is exactly the concatenation of its committed
 units. Each member's `MemberText` holds its own ids + KV cache of that text; members that were not
@@ -471,12 +474,20 @@ class WordFusion:
             self._check_length(b)
 
     def propose(self, rows: list[int]) -> dict[int, list[Candidate]]:
-        """The union of every member's top-B candidate words per row (dedup by exact text; the lead's
-        EOS, when among its top-B, is a candidate too). Members must be flushed for `rows`."""
+        """The union of every member's top-B candidate words per row (dedup by exact text, in member
+        order; the lead's EOS, when among its top-B, is a candidate too). Members must be flushed for
+        `rows`. The lead completes its words last, walking through a tree that already holds the
+        other members' candidates: that tree also scores them (`candidate_logprobs`), so for the
+        lead an ensembled word usually costs one forward. The open trees are kept in `_open_trees`."""
         cfg = self.config
         names = [m.name for m in self.members]
-        union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
-        for m, view in enumerate(self.views):
+        eos_first: dict[int, bool] = {b: False for b in rows}
+        words: dict[int, dict[int, list[str]]] = {}
+        known: dict[int, list[str]] = {b: [] for b in rows}
+        self._open_trees: dict[int, OpenTree | None] = {}
+        order = [m for m in range(len(self.members)) if m != self.lead] + [self.lead]
+        for m in order:
+            view = self.views[m]
             probs = view.state.next_probs(1.0)
             eos_ids = view.member.eos_token_ids
             k = min(cfg.candidates + len(eos_ids), probs.shape[-1])
@@ -484,20 +495,25 @@ class WordFusion:
             firsts: dict[int, list[int]] = {}
             for b in rows:
                 picked: list[int] = []
-                slots = 0
-                for tok in top[b]:
-                    if slots == cfg.candidates:
-                        break
-                    slots += 1
+                for tok in top[b][: cfg.candidates]:
                     if tok in eos_ids:  # EOS takes one of the B slots; only the lead's counts
-                        if m == self.lead:
-                            union[b].setdefault(EOS_KEY, Candidate("", [], eos=True)).proposed_by.append(names[m])
+                        eos_first[b] |= m == self.lead
                         continue
                     picked.append(tok)
                 firsts[b] = picked
-            words = complete_words(view, rows, firsts, cfg.max_word_tokens)
+            # every member walks through the candidates proposed before it; only the lead (last)
+            # keeps its tree for scoring (the others score in a forward of their own: the lead
+            # adds candidates after them)
+            words[m], self._open_trees[m] = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
+                                                           keep_tree=m == self.lead)
             for b in rows:
-                for w in words[b]:
+                known[b] += [w for w in words[m][b] if w and w not in known[b]]
+        union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
+        for m in range(len(self.members)):
+            for b in rows:
+                if m == self.lead and eos_first[b]:
+                    union[b].setdefault(EOS_KEY, Candidate("", [], eos=True)).proposed_by.append(names[m])
+                for w in words[m][b]:
                     if not w:
                         continue
                     cand = union[b].setdefault(w, Candidate(w))
@@ -509,36 +525,43 @@ class WordFusion:
                            ) -> list[dict[int, list[torch.Tensor]]]:
         """Per member, per row, per candidate: the member's log-probs of its own tokens of the
         candidate given the row's committed text (an EOS candidate: log p(any EOS of the member)).
-        One tree forward per member for all rows and candidates (the same forward `KVState.score`
-        makes, with candidates sharing a token prefix sharing its nodes); the tree stays open so that `commit_chosen` can keep the chosen branch without
-        another forward (any other state operation discards it)."""
+        A member whose open completion tree (`propose`) holds every candidate is scored from it;
+        the others make one tree forward for all rows and candidates (the same forward
+        `KVState.score` makes, candidates sharing a token prefix sharing its nodes). The tree stays
+        open so that `commit_chosen` can keep the chosen branch without another forward (any other
+        state operation discards it)."""
         out = []
         self._tree_paths: list[dict[tuple[int, int], list[int]]] = []
-        for view in self.views:
+        open_trees = getattr(self, "_open_trees", {})
+        for m, view in enumerate(self.views):
             state = view.state
-            tokens: list[list[int]] = [[] for _ in self.texts]
-            parents: list[list[int]] = [[] for _ in self.texts]
-            paths: dict[tuple[int, int], list[int]] = {}
-            for b in rows:
-                trie: dict[tuple[int, int], int] = {}  # (parent node, token) -> node: shared prefixes once
-                for j, c in enumerate(cands[b]):
-                    if c.eos:
-                        continue
+            ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
+            tree = open_trees.get(m)
+            paths: dict[tuple[int, int], list[int]] | None = None
+            if tree is not None and state._tree is not None and state._tree[1] is tree.logits:
+                found = {key: tree.path(key[0], t) for key, t in ids.items()}
+                if all(p is not None for p in found.values()):
+                    paths, logits, tokens = found, tree.logits, None
+            if paths is None:
+                tokens = [[] for _ in self.texts]
+                parents: list[list[int]] = [[] for _ in self.texts]
+                paths = {}
+                tries: list[dict[tuple[int, int], int]] = [{} for _ in self.texts]  # shared prefixes once
+                for (b, j), t in ids.items():
                     node, path = -1, []
-                    for tok in continuation_ids(view, b, c.text):
-                        if (node, tok) not in trie:
-                            trie[(node, tok)] = len(tokens[b])
+                    for tok in t:
+                        if (node, tok) not in tries[b]:
+                            tries[b][(node, tok)] = len(tokens[b])
                             tokens[b].append(tok)
                             parents[b].append(node)
-                        node = trie[(node, tok)]
+                        node = tries[b][(node, tok)]
                         path.append(node)
                     paths[(b, j)] = path
-            logits = state.forward_tree(tokens, parents) if any(tokens) else None
+                logits = state.forward_tree(tokens, parents) if any(tokens) else None
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
             eos_ids = sorted(view.member.eos_token_ids)
             per_row: dict[int, list[torch.Tensor]] = {}
             for b in rows:
-                lp_row = torch.log_softmax(logits[b, : len(tokens[b])], dim=-1) if tokens[b] else None
                 row = []
                 for j, c in enumerate(cands[b]):
                     if c.eos:
@@ -546,12 +569,13 @@ class WordFusion:
                                    else torch.tensor([-1e4]))
                         continue
                     path = paths[(b, j)]
-                    ids = torch.tensor([tokens[b][n] for n in path], device=lp_row.device)
-                    prev = torch.cat([last_lp[b: b + 1], lp_row[path[:-1]]], dim=0)
-                    row.append(prev.gather(-1, ids[:, None]).squeeze(-1).cpu())
+                    tok = torch.tensor(ids[(b, j)], device=last_lp.device)
+                    prev = torch.cat([last_lp[b: b + 1], torch.log_softmax(logits[b, path[:-1]], dim=-1)], dim=0)
+                    row.append(prev.gather(-1, tok[:, None]).squeeze(-1).cpu())
                 per_row[b] = row
             self._tree_paths.append(paths)
             out.append(per_row)
+        self._open_trees = {}
         return out
 
     def commit_chosen(self, chosen: dict[int, int], cands: dict[int, list[Candidate]]) -> None:
@@ -613,15 +637,54 @@ def continuation_ids(view: MemberText, row: int, text: str) -> list[int]:
     return view.member.encode(text)
 
 
+@dataclass
+class OpenTree:
+    """A member's last `forward_tree`, still open in its state: per row, the trie (parent node,
+    token) -> node of the fed tokens, and the logits after every node [B, N, V]."""
+    trie: list[dict[tuple[int, int], int]]
+    logits: torch.Tensor
+
+    def path(self, row: int, ids: Sequence[int]) -> list[int] | None:
+        """The nodes of `ids` hanging off the row's committed tokens, or None if not all are in."""
+        node, out = -1, []
+        for tok in ids:
+            node = self.trie[row].get((node, tok))
+            if node is None:
+                return None
+            out.append(node)
+        return out
+
+
+def below(parents: Sequence[int], roots: Sequence[int]) -> set[int]:
+    """`roots` and every node under them, in a tree given by parent indices (parents[i] < i)."""
+    out = set(roots)
+    for i, p in enumerate(parents):
+        if p in out:
+            out.add(i)
+    return out
+
+
 def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list[int]],
-                   max_word_tokens: int) -> dict[int, list[str]]:
-    """Complete each first token greedily to the word boundary without committing anything. All
-    unfinished branches of all rows go through one tree forward per extra token (branches are
-    re-fed whole each time: words are a few tokens). Returns row -> word texts aligned with firsts."""
+                   max_word_tokens: int, known: dict[int, list[str]] | None = None, keep_tree: bool = False
+                   ) -> tuple[dict[int, list[str]], OpenTree | None]:
+    """Complete each first token greedily to the word boundary without committing anything; all
+    unfinished branches of all rows go through one tree forward per step. Besides the branches (re-fed
+    whole: words are a few tokens), each step's tree holds the `known` words as drafts (per row, words
+    other members proposed, by this member's continuation ids). A branch walks on through the tree
+    while its greedy next token is a node there, so completing a word some member already proposed
+    costs no further forward. (Prompt-lookup drafts as well saved ~10 % of these forwards but tripled
+    their tokens: slower on CPU.) Logits are computed at the
+    branch ends and the drafts below them only (only drafts a branch can walk into are fed), and the
+    tree is discarded; with `keep_tree` every
+    step's tree also holds the words completed so far, every node gets logits and the last tree
+    stays open (also for rows whose branches were all done) for `candidate_logprobs` to score from
+    and `commit_chosen` to keep the chosen word. Returns (row -> words aligned with firsts, the open
+    tree or None)."""
     member, state = view.member, view.state
     branches = {b: [[t] for t in firsts[b]] for b in rows}
     texts = {b: [member.decode([t]) for t in firsts[b]] for b in rows}
     result: dict[int, list[str | None]] = {b: [None] * len(firsts[b]) for b in rows}
+    drafts = {b: [continuation_ids(view, b, w) for w in (known or {}).get(b, []) if w] for b in rows}
     for b in rows:
         for i, t in enumerate(texts[b]):
             end = word_end(t)
@@ -629,43 +692,66 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                 result[b][i] = t[:end]
             elif max_word_tokens <= 1:
                 result[b][i] = t
-    while True:
+    tree = None
+    while any(r is None for b in rows for r in result[b]):
+        trie: list[dict[tuple[int, int], int]] = [{} for _ in range(state.batch_size)]
         tokens: list[list[int]] = [[] for _ in range(state.batch_size)]
         parents: list[list[int]] = [[] for _ in range(state.batch_size)]
-        where: list[tuple[int, int, int]] = []
+
+        def add(b: int, ids: Sequence[int]) -> int:
+            node = -1
+            for tok in ids:
+                if (node, tok) not in trie[b]:
+                    trie[b][(node, tok)] = len(tokens[b])
+                    tokens[b].append(tok)
+                    parents[b].append(node)
+                node = trie[b][(node, tok)]
+            return node
+
+        ends: list[list[int]] = [[] for _ in range(state.batch_size)]
+        for b in rows:
+            open_branches = [br for i, br in enumerate(branches[b]) if result[b][i] is None]
+            for ids in drafts[b]:  # without keep_tree, only drafts a branch can walk into
+                if keep_tree or any(ids[: len(br)] == br for br in open_branches):
+                    add(b, ids)
+            for i, br in enumerate(branches[b]):
+                if result[b][i] is None:
+                    ends[b].append(add(b, br))
+                elif keep_tree and result[b][i]:
+                    add(b, continuation_ids(view, b, result[b][i]))
+        if keep_tree:
+            tree = OpenTree(trie, state.forward_tree(tokens, parents))
+            logits, col = tree.logits, None
+        else:  # LM head only where a walk can go: the branch ends and the nodes below them
+            at = [sorted(below(parents[b], ends[b])) for b in range(state.batch_size)]
+            logits = state.forward_tree(tokens, parents, logits_at=at)
+            state.accept([[] for _ in range(state.batch_size)])
+            col = {(b, node): k for b in rows for k, node in enumerate(at[b])}
         for b in rows:
             for i, br in enumerate(branches[b]):
-                if result[b][i] is not None:
-                    continue
-                start = len(tokens[b])
-                tokens[b].extend(br)
-                parents[b].extend([-1] + list(range(start, start + len(br) - 1)))
-                where.append((b, i, start + len(br) - 1))
-        if not where:
-            break
-        ends: list[list[int]] = [[] for _ in range(state.batch_size)]
-        col: dict[tuple[int, int], int] = {}
-        for b, i, node in where:
-            col[(b, i)] = len(ends[b])
-            ends[b].append(node)
-        logits = state.forward_tree(tokens, parents, logits_at=ends)  # LM head only at branch ends
-        state.accept([[] for _ in range(state.batch_size)])
-        for b, i, node in where:
-            nxt = int(logits[b, col[(b, i)]].argmax())
-            br, text = branches[b][i], texts[b][i]
-            if nxt in member.eos_token_ids:
-                result[b][i] = text
-                continue
-            new = member.decode(br + [nxt])
-            end = word_end(new)
-            if end is not None:
-                result[b][i] = new[:end] if end > len(text) else text
-                continue
-            br.append(nxt)
-            texts[b][i] = new
-            if len(br) >= max_word_tokens:
-                result[b][i] = new
-    return {b: [w or "" for w in result[b]] for b in rows}
+                node = trie[b][(-1, br[0])] if result[b][i] is None else None
+                for tok in br[1:] if node is not None else ():
+                    node = trie[b][(node, tok)]
+                while node is not None:  # walk on while the greedy next token is a node with logits
+                    if col is not None and (b, node) not in col:
+                        break
+                    nxt = int(logits[b, node if col is None else col[(b, node)]].argmax())
+                    text = texts[b][i]
+                    if nxt in member.eos_token_ids:
+                        result[b][i] = text
+                        break
+                    new = member.decode(br + [nxt])
+                    end = word_end(new)
+                    if end is not None:
+                        result[b][i] = new[:end] if end > len(text) else text
+                        break
+                    br.append(nxt)
+                    texts[b][i] = new
+                    if len(br) >= max_word_tokens:
+                        result[b][i] = new
+                        break
+                    node = trie[b].get((node, nxt))
+    return {b: [w or "" for w in result[b]] for b in rows}, tree
 
 
 def round_stats(trace: Sequence[Round], text: str) -> dict[str, Any]:
