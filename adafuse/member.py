@@ -377,17 +377,18 @@ class KVState:
         Returns logits [B, N, V] (the distribution after each node). Call `accept` next.
         With `logits_at` (per row, node indices) only those nodes get logits (the LM head is the
         costly part with large vocabularies): returns [B, K, V], row b's k-th = node logits_at[b][k]
-        (rows with fewer repeat a valid column); the tree can then only be discarded (`accept`
-        with empty paths)."""
+        (rows with fewer repeat a valid column); `accept` can then keep, per row, a path ending at
+        one of those nodes (or none)."""
         self._discard_tree()
         self._refresh()
         tokens = [list(t) for t in tokens]
         if logits_at is not None:
-            logits, first = self._forward(tokens, [list(p) for p in parents], "at", at=[list(r) for r in logits_at])
-            self._tree = (tokens, None, first)
+            at = [list(r) for r in logits_at]
+            logits, first = self._forward(tokens, [list(p) for p in parents], "at", at=at)
+            self._tree = (tokens, logits, first, at)
             return logits
         logits, first = self._forward(tokens, [list(p) for p in parents], "all")
-        self._tree = (tokens, logits, first)
+        self._tree = (tokens, logits, first, None)
         return logits
 
     def _discard_tree(self) -> None:
@@ -399,9 +400,15 @@ class KVState:
         (may be empty); all other tree nodes are freed."""
         if self._tree is None:
             raise RuntimeError("accept() needs a preceding forward_tree()")
-        tokens, logits, first = self._tree
-        if logits is None and any(paths):
-            raise RuntimeError("a tree scored with logits_at can only be discarded (accept with empty paths)")
+        tokens, logits, first, at = self._tree
+        if at is not None:  # logits only at the `logits_at` nodes: column of each path's end
+            cols = []
+            for b, path in enumerate(paths):
+                if path and path[-1] not in at[b]:
+                    raise RuntimeError("with logits_at, an accepted path must end at a node that has logits")
+                cols.append(at[b].index(path[-1]) if path else 0)
+            logits = logits[torch.arange(self.batch_size), torch.tensor(cols)][:, None] if any(paths) else None
+            paths_at_end = [[0] if path else [] for path in paths]
         self._tree = None
         keep = torch.zeros_like(self.slot_pos[:, first:], dtype=torch.bool)
         for b, path in enumerate(paths):
@@ -409,7 +416,8 @@ class KVState:
                 keep[b, list(path)] = True
         self.slot_pos[:, first:] = torch.where(keep, self.slot_pos[:, first:], torch.full_like(keep, -1, dtype=torch.long))
         if logits is not None:
-            last = torch.stack([logits[b, path[-1]] if path else logits[b, 0] for b, path in enumerate(paths)])
+            ends = paths_at_end if at is not None else paths
+            last = torch.stack([logits[b, end[-1]] if end else logits[b, 0] for b, end in enumerate(ends)])
             self._stale.difference_update(b for b, path in enumerate(paths) if path)
             self._commit_rows(tokens, [list(p) for p in paths], first, last)
         # accepted nodes sit at depth 0..k-1 of the tree, so their positions already equal their

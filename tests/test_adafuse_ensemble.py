@@ -181,16 +181,22 @@ def naive_logprobs(member, ids, cont):
     return lp[len(ids) - 1: len(ids) - 1 + len(cont)].gather(-1, torch.tensor(cont)[:, None]).squeeze(-1)
 
 
-@pytest.mark.parametrize("lead", [0, 1])
-def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead):
+@pytest.mark.parametrize("lead,method", [(0, "word-fixed"), (1, "word-fixed"), (0, "adafuse"), (1, "adafuse")])
+def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead, method, monkeypatch):
     """Every ensembled round's candidates are exactly the union of each member's top-B first tokens
     completed greedily to the word end, and every score is the member's log-prob of the candidate's
-    tokens: both recomputed from scratch (full re-encoding, no cache, no trees)."""
+    tokens: both recomputed from scratch (full re-encoding, no cache, no trees). With the gate on
+    (a mixed batch), the lead's candidates of waiting rows are advanced in its confident forwards."""
     from adafuse.scoring import normalised_score
     from adafuse.text_state import MemberText
+    rides = []
+    ride = WordFusion._ride
+    monkeypatch.setattr(WordFusion, "_ride", lambda self, *a: rides.append(1) or ride(self, *a))
     cfg = WordConfig(gate=False, max_word_tokens=4, calibration="none")
-    outs = Ensemble(list(spacey), method="word-fixed", lead=lead, max_word_tokens=4,
-                    calibration="none").generate(PROMPTS, max_new_tokens=8)
+    gate = dict(threshold=[0.06, 0.02][lead]) if method == "adafuse" else {}  # mixed batches
+    outs = Ensemble(list(spacey), method=method, lead=lead, max_word_tokens=4,
+                    calibration="none", **gate).generate(PROMPTS, max_new_tokens=12)
+    assert (len(rides) > 0) == (method == "adafuse")
     prompt_ids = [MemberText(m, PROMPTS, chat=None).prompt_ids for m in spacey]
     checked = 0
     for b, out in enumerate(outs):
@@ -426,9 +432,17 @@ def test_forward_tree_logits_at_matches_full_logits(spacey):
     torch.testing.assert_close(part[0], full[0, [1, 3]])
     torch.testing.assert_close(part[1, 0], full[1, 1])
     with pytest.raises(RuntimeError):
-        state.accept([[0], []])
-    state.accept([[], []])
-    assert state.lengths == [len(member.encode("The quick brown")), len(member.encode("Question: who"))]
+        state.accept([[0], []])       # node 0 has no logits: its next distribution is unknown
+    n0, n1 = len(member.encode("The quick brown")), len(member.encode("Question: who"))
+    assert state.lengths == [n0, n1]
+    # a path ending at a node with logits is kept: same state as appending those tokens
+    state.forward_tree(tokens, parents, logits_at=[[1, 3], [1]])
+    state.accept([[2, 3], []])
+    assert state.lengths == [n0 + 2, n1] and state.ids[0][-2:] == [7, 8]
+    torch.testing.assert_close(state.last_logits[0], full[0, 3])
+    ref = member.start([member.encode("The quick brown"), member.encode("Question: who")])
+    ref.append([[7, 8], []])
+    torch.testing.assert_close(state.next_probs(), ref.next_probs(), atol=2e-5, rtol=1e-4)
 
 
 def test_tree_descendants():

@@ -154,6 +154,9 @@ class WordFusion:
         self.streak = [0] * n
         self.traces: list[list[Round]] = [[] for _ in range(n)]
         self.gens = make_generators(n, seed, self.members[lead].device)
+        # the lead's candidate words of rows waiting for an ensembled word, advanced in the lead's
+        # forwards for the confident rows (`_decode_word`); valid until the next ensembled word
+        self._lead_branches: dict[int, Branches] = {}
 
     # ---- helpers ---------------------------------------------------------------------------
     @property
@@ -250,17 +253,17 @@ class WordFusion:
             # rows at an ensembled word wait (their state does not change, so their gate reads the same
             # next step) until no row is confident: ensembled words of all rows then share one set of
             # member forwards instead of one set per step. Within `span` steps every row gets there.
-            self._confident_words(confident, {b: margins[b] for b in confident})
+            self._confident_words(confident, {b: margins[b] for b in confident}, waiting=ensemble)
             return
         if ensemble:
             self._ensemble_word(ensemble, {b: (margins[b], decisions[b]) for b in ensemble})
 
     # ---- confident path: the lead decodes one word -----------------------------------------
-    def _confident_words(self, rows: list[int], margins: dict[int, float]) -> None:
+    def _confident_words(self, rows: list[int], margins: dict[int, float], waiting: Sequence[int] = ()) -> None:
         view = self.views[self.lead]
         member = view.member
         if self.speculators[self.lead] is None:
-            words = {b: ([(w, margins[b])], eos) for b, (w, eos) in self._decode_word(view, rows).items()}
+            words = {b: ([(w, margins[b])], eos) for b, (w, eos) in self._decode_word(view, rows, waiting).items()}
         else:
             words = self._speculative_words(rows, margins)
         pieces = ["" for _ in self.texts]
@@ -290,11 +293,18 @@ class WordFusion:
                 self.finish[b] = "eos"
             self._check_length(b)
 
-    def _decode_word(self, view: MemberText, rows: list[int]) -> dict[int, tuple[str, bool]]:
+    def _decode_word(self, view: MemberText, rows: list[int], waiting: Sequence[int] = ()
+                     ) -> dict[int, tuple[str, bool]]:
         """The lead decodes one word per row straight into its cache, stopping *before* a token that
         starts the next word (so the state ends at the word boundary, ready for the next gate).
+        The same forwards advance the lead's candidate words of the `waiting` rows (`Branches`, as a
+        tree beside the committed tokens), so their ensembled word needs fewer lead forwards.
         Returns row -> (word text, hit EOS)."""
         member, state = view.member, view.state
+        if waiting:
+            firsts, _ = self._firsts(view, [b for b in waiting if b not in self._lead_branches])
+            for b, f in firsts.items():
+                self._lead_branches[b] = Branches(member, f, self.config.max_word_tokens)
         ids: dict[int, list[int]] = {b: [] for b in rows}
         text: dict[int, str] = {b: "" for b in rows}
         out: dict[int, tuple[str, bool]] = {}
@@ -327,10 +337,32 @@ class WordFusion:
                     out[b] = (new, False)
                     continue
                 still.append(b)
-            if any(feed):
+            ride = [b for b in waiting if not self._lead_branches[b].done]
+            if ride and any(feed):
+                self._ride(state, feed, ride)
+            elif any(feed):
                 state.append(feed, return_logits=False)
             live = still
         return out
+
+    def _ride(self, state, feed: list[list[int]], ride: Sequence[int]) -> None:
+        """One lead forward that commits `feed` (one token per confident row) and advances the open
+        candidate branches of the `ride` rows by one greedy token each (the branches are re-fed
+        whole beside the committed tokens and discarded)."""
+        built = TreeBuilder(state.batch_size)
+        at: list[list[int]] = [[0] if f else [] for f in feed]
+        for b, f in enumerate(feed):
+            built.add(b, f)
+        ends: dict[tuple[int, int], int] = {}
+        for b in ride:
+            bs = self._lead_branches[b]
+            for i in bs.open():
+                ends[(b, i)] = built.add(b, bs.tokens[i])
+                at[b].append(ends[(b, i)])
+        logits = state.forward_tree(built.tokens, built.parents, logits_at=at)
+        state.accept([[0] if f else [] for f in feed])
+        for (b, i), node in ends.items():
+            self._lead_branches[b].step(i, int(logits[b, at[b].index(node)].argmax()))
 
     def _speculative_words(self, rows: list[int], margins: dict[int, float]
                            ) -> dict[int, tuple[list[tuple[str, float]], bool]]:
@@ -459,6 +491,7 @@ class WordFusion:
                 c.fused = round(f, 4)
             picks[b] = choose(fused, self.temperature, self._row_gen(b))
         self.commit_chosen(picks, cands)
+        self._lead_branches = {}
         everyone = tuple(range(len(self.members)))
         for b in rows:
             chosen = cands[b][picks[b]]
@@ -472,6 +505,16 @@ class WordFusion:
                 continue
             self._commit(b, chosen.text, held_by=everyone)
             self._check_length(b)
+
+    def _firsts(self, view: MemberText, rows: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, bool]]:
+        """Per row, the member's top-B first tokens other than EOS, and whether an EOS was among
+        the top-B (it takes one of the B slots)."""
+        probs = view.state.next_probs(1.0)
+        eos_ids = view.member.eos_token_ids
+        k = min(self.config.candidates, probs.shape[-1])
+        top = torch.topk(probs, k, dim=-1).indices.tolist()
+        firsts = {b: [t for t in top[b] if t not in eos_ids] for b in rows}
+        return firsts, {b: len(firsts[b]) < len(top[b]) for b in rows}
 
     def propose(self, rows: list[int]) -> dict[int, list[Candidate]]:
         """The union of every member's top-B candidate words per row (dedup by exact text, in member
@@ -488,24 +531,17 @@ class WordFusion:
         order = [m for m in range(len(self.members)) if m != self.lead] + [self.lead]
         for m in order:
             view = self.views[m]
-            probs = view.state.next_probs(1.0)
-            eos_ids = view.member.eos_token_ids
-            k = min(cfg.candidates + len(eos_ids), probs.shape[-1])
-            top = torch.topk(probs, k, dim=-1).indices.tolist()
-            firsts: dict[int, list[int]] = {}
-            for b in rows:
-                picked: list[int] = []
-                for tok in top[b][: cfg.candidates]:
-                    if tok in eos_ids:  # EOS takes one of the B slots; only the lead's counts
-                        eos_first[b] |= m == self.lead
-                        continue
-                    picked.append(tok)
-                firsts[b] = picked
+            firsts, eos = self._firsts(view, rows)
+            started: dict[int, Branches] = {}
+            if m == self.lead:
+                eos_first = eos  # EOS takes one of the B slots; only the lead's counts
+                started = {b: self._lead_branches[b] for b in rows
+                           if b in self._lead_branches and self._lead_branches[b].firsts == firsts[b]}
             # every member walks through the candidates proposed before it; only the lead (last)
             # keeps its tree for scoring (the others score in a forward of their own: the lead
             # adds candidates after them)
             words[m], self._open_trees[m] = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
-                                                           keep_tree=m == self.lead)
+                                                           keep_tree=m == self.lead, started=started)
             for b in rows:
                 known[b] += [w for w in words[m][b] if w and w not in known[b]]
         union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
@@ -664,94 +700,133 @@ def below(parents: Sequence[int], roots: Sequence[int]) -> set[int]:
     return out
 
 
-def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list[int]],
-                   max_word_tokens: int, known: dict[int, list[str]] | None = None, keep_tree: bool = False
-                   ) -> tuple[dict[int, list[str]], OpenTree | None]:
-    """Complete each first token greedily to the word boundary without committing anything; all
-    unfinished branches of all rows go through one tree forward per step. Besides the branches (re-fed
-    whole: words are a few tokens), each step's tree holds the `known` words as drafts (per row, words
-    other members proposed, by this member's continuation ids). A branch walks on through the tree
-    while its greedy next token is a node there, so completing a word some member already proposed
-    costs no further forward. (Prompt-lookup drafts as well saved ~10 % of these forwards but tripled
-    their tokens: slower on CPU.) Logits are computed at the
-    branch ends and the drafts below them only (only drafts a branch can walk into are fed), and the
-    tree is discarded; with `keep_tree` every
-    step's tree also holds the words completed so far, every node gets logits and the last tree
-    stays open (also for rows whose branches were all done) for `candidate_logprobs` to score from
-    and `commit_chosen` to keep the chosen word. Returns (row -> words aligned with firsts, the open
-    tree or None)."""
-    member, state = view.member, view.state
-    branches = {b: [[t] for t in firsts[b]] for b in rows}
-    texts = {b: [member.decode([t]) for t in firsts[b]] for b in rows}
-    result: dict[int, list[str | None]] = {b: [None] * len(firsts[b]) for b in rows}
-    drafts = {b: [continuation_ids(view, b, w) for w in (known or {}).get(b, []) if w] for b in rows}
-    for b in rows:
-        for i, t in enumerate(texts[b]):
+class Branches:
+    """One row's candidate words in the making: each first token is extended by its greedy next
+    token until the word ends (a token that starts the next word is left out; one that straddles the
+    boundary keeps the word's part), EOS, or `max_word_tokens`."""
+
+    def __init__(self, member: Member, firsts: Sequence[int], max_word_tokens: int):
+        self.member, self.max_word_tokens = member, max_word_tokens
+        self.tokens = [[t] for t in firsts]
+        self.texts = [member.decode([t]) for t in firsts]
+        self.words: list[str | None] = [None] * len(firsts)
+        for i, t in enumerate(self.texts):
             end = word_end(t)
             if end is not None:
-                result[b][i] = t[:end]
+                self.words[i] = t[:end]
             elif max_word_tokens <= 1:
-                result[b][i] = t
+                self.words[i] = t
+
+    @property
+    def firsts(self) -> list[int]:
+        return [br[0] for br in self.tokens]
+
+    @property
+    def done(self) -> bool:
+        return all(w is not None for w in self.words)
+
+    def open(self) -> list[int]:
+        return [i for i, w in enumerate(self.words) if w is None]
+
+    def step(self, i: int, nxt: int) -> bool:
+        """Extend open branch i by its greedy next token `nxt`; True if it is still open."""
+        br, text = self.tokens[i], self.texts[i]
+        if nxt in self.member.eos_token_ids:
+            self.words[i] = text
+            return False
+        new = self.member.decode(br + [nxt])
+        end = word_end(new)
+        if end is not None:
+            self.words[i] = new[:end] if end > len(text) else text
+            return False
+        br.append(nxt)
+        self.texts[i] = new
+        if len(br) >= self.max_word_tokens:
+            self.words[i] = new
+            return False
+        return True
+
+    def result(self) -> list[str]:
+        return [w or "" for w in self.words]
+
+
+class TreeBuilder:
+    """Per-row token tries for one `forward_tree`: shared prefixes become one node."""
+
+    def __init__(self, batch_size: int):
+        self.trie: list[dict[tuple[int, int], int]] = [{} for _ in range(batch_size)]
+        self.tokens: list[list[int]] = [[] for _ in range(batch_size)]
+        self.parents: list[list[int]] = [[] for _ in range(batch_size)]
+
+    def add(self, b: int, ids: Sequence[int]) -> int:
+        """Add a root-to-node path; returns its last node (-1 for an empty path)."""
+        node = -1
+        for tok in ids:
+            if (node, tok) not in self.trie[b]:
+                self.trie[b][(node, tok)] = len(self.tokens[b])
+                self.tokens[b].append(tok)
+                self.parents[b].append(node)
+            node = self.trie[b][(node, tok)]
+        return node
+
+
+def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list[int]],
+                   max_word_tokens: int, known: dict[int, list[str]] | None = None, keep_tree: bool = False,
+                   started: dict[int, Branches] | None = None) -> tuple[dict[int, list[str]], OpenTree | None]:
+    """Complete each first token greedily to the word boundary (`Branches`) without committing
+    anything; all unfinished branches of all rows go through one tree forward per step. Besides the
+    branches (re-fed whole: words are a few tokens), each step's tree holds the `known` words as
+    drafts (per row, words other members proposed, by this member's continuation ids). A branch walks
+    on through the tree while its greedy next token is a node there, so completing a word some member
+    already proposed costs no further forward. (Prompt-lookup drafts as well saved ~10 % of these
+    forwards but tripled their tokens: slower on CPU.) Logits are computed at the branch ends and the
+    drafts below them only (only drafts a branch can walk into are fed), and the tree is discarded;
+    with `keep_tree` every step's tree also holds the words completed so far, every node gets logits
+    and the last tree stays open (also for rows whose branches were all done) for
+    `candidate_logprobs` to score from and `commit_chosen` to keep the chosen word. `started`: rows
+    whose branches (of the same firsts, at the same state) were already advanced elsewhere.
+    Returns (row -> words aligned with firsts, the open tree or None)."""
+    member, state = view.member, view.state
+    started = started or {}
+    branches = {b: started[b] if b in started else Branches(member, firsts[b], max_word_tokens) for b in rows}
+    drafts = {b: [continuation_ids(view, b, w) for w in (known or {}).get(b, []) if w] for b in rows}
     tree = None
-    while any(r is None for b in rows for r in result[b]):
-        trie: list[dict[tuple[int, int], int]] = [{} for _ in range(state.batch_size)]
-        tokens: list[list[int]] = [[] for _ in range(state.batch_size)]
-        parents: list[list[int]] = [[] for _ in range(state.batch_size)]
-
-        def add(b: int, ids: Sequence[int]) -> int:
-            node = -1
-            for tok in ids:
-                if (node, tok) not in trie[b]:
-                    trie[b][(node, tok)] = len(tokens[b])
-                    tokens[b].append(tok)
-                    parents[b].append(node)
-                node = trie[b][(node, tok)]
-            return node
-
+    while not all(branches[b].done for b in rows):
+        built = TreeBuilder(state.batch_size)
         ends: list[list[int]] = [[] for _ in range(state.batch_size)]
         for b in rows:
-            open_branches = [br for i, br in enumerate(branches[b]) if result[b][i] is None]
+            bs = branches[b]
+            open_branches = [bs.tokens[i] for i in bs.open()]
             for ids in drafts[b]:  # without keep_tree, only drafts a branch can walk into
                 if keep_tree or any(ids[: len(br)] == br for br in open_branches):
-                    add(b, ids)
-            for i, br in enumerate(branches[b]):
-                if result[b][i] is None:
-                    ends[b].append(add(b, br))
-                elif keep_tree and result[b][i]:
-                    add(b, continuation_ids(view, b, result[b][i]))
+                    built.add(b, ids)
+            for i, word in enumerate(bs.words):
+                if word is None:
+                    ends[b].append(built.add(b, bs.tokens[i]))
+                elif keep_tree and word:
+                    built.add(b, continuation_ids(view, b, word))
+        trie, parents = built.trie, built.parents
         if keep_tree:
-            tree = OpenTree(trie, state.forward_tree(tokens, parents))
+            tree = OpenTree(trie, state.forward_tree(built.tokens, parents))
             logits, col = tree.logits, None
         else:  # LM head only where a walk can go: the branch ends and the nodes below them
             at = [sorted(below(parents[b], ends[b])) for b in range(state.batch_size)]
-            logits = state.forward_tree(tokens, parents, logits_at=at)
+            logits = state.forward_tree(built.tokens, parents, logits_at=at)
             state.accept([[] for _ in range(state.batch_size)])
             col = {(b, node): k for b in rows for k, node in enumerate(at[b])}
         for b in rows:
-            for i, br in enumerate(branches[b]):
-                node = trie[b][(-1, br[0])] if result[b][i] is None else None
-                for tok in br[1:] if node is not None else ():
+            bs = branches[b]
+            for i in bs.open():
+                node = -1
+                for tok in bs.tokens[i]:
                     node = trie[b][(node, tok)]
-                while node is not None:  # walk on while the greedy next token is a node with logits
-                    if col is not None and (b, node) not in col:
-                        break
+                # walk on while the greedy next token is a node with logits
+                while node is not None and (col is None or (b, node) in col):
                     nxt = int(logits[b, node if col is None else col[(b, node)]].argmax())
-                    text = texts[b][i]
-                    if nxt in member.eos_token_ids:
-                        result[b][i] = text
-                        break
-                    new = member.decode(br + [nxt])
-                    end = word_end(new)
-                    if end is not None:
-                        result[b][i] = new[:end] if end > len(text) else text
-                        break
-                    br.append(nxt)
-                    texts[b][i] = new
-                    if len(br) >= max_word_tokens:
-                        result[b][i] = new
+                    if not bs.step(i, nxt):
                         break
                     node = trie[b].get((node, nxt))
-    return {b: [w or "" for w in result[b]] for b in rows}, tree
+    return {b: branches[b].result() for b in rows}, tree
 
 
 def round_stats(trace: Sequence[Round], text: str) -> dict[str, Any]:
