@@ -391,6 +391,11 @@ class KVState:
         self._tree = (tokens, logits, first, None)
         return logits
 
+    @property
+    def open_tree_logits(self) -> torch.Tensor | None:
+        """The logits `forward_tree` returned for the tree that is still open (None if none is)."""
+        return self._tree[1] if self._tree is not None else None
+
     def _discard_tree(self) -> None:
         if self._tree is not None:
             self.accept([[] for _ in range(self.batch_size)])

@@ -574,7 +574,7 @@ class WordFusion:
             ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
             tree = open_trees.get(m)
             paths: dict[tuple[int, int], list[int]] | None = None
-            if tree is not None and state._tree is not None and state._tree[1] is tree.logits:
+            if tree is not None and state.open_tree_logits is tree.logits:
                 found = {key: tree.path(key[0], t) for key, t in ids.items()}
                 if all(p is not None for p in found.values()):
                     paths, logits, tokens = found, tree.logits, None
@@ -622,7 +622,7 @@ class WordFusion:
             for b, j in chosen.items():
                 if not cands[b][j].eos:
                     paths[b] = self._tree_paths[m][(b, j)]
-            if view.state._tree is not None:
+            if view.state.open_tree_logits is not None:
                 view.state.accept(paths)
             elif any(paths):
                 raise RuntimeError("commit_chosen() needs the trees of candidate_logprobs()")
