@@ -577,23 +577,13 @@ class WordFusion:
             if tree is not None and state.open_tree_logits is tree.logits:
                 found = {key: tree.path(key[0], t) for key, t in ids.items()}
                 if all(p is not None for p in found.values()):
-                    paths, logits, tokens = found, tree.logits, None
+                    paths, logits = found, tree.logits
             if paths is None:
-                tokens = [[] for _ in self.texts]
-                parents: list[list[int]] = [[] for _ in self.texts]
-                paths = {}
-                tries: list[dict[tuple[int, int], int]] = [{} for _ in self.texts]  # shared prefixes once
-                for (b, j), t in ids.items():
-                    node, path = -1, []
-                    for tok in t:
-                        if (node, tok) not in tries[b]:
-                            tries[b][(node, tok)] = len(tokens[b])
-                            tokens[b].append(tok)
-                            parents[b].append(node)
-                        node = tries[b][(node, tok)]
-                        path.append(node)
-                    paths[(b, j)] = path
-                logits = state.forward_tree(tokens, parents) if any(tokens) else None
+                built = TreeBuilder(len(self.texts))  # candidates sharing a prefix share its nodes
+                for (b, _), t in ids.items():
+                    built.add(b, t)
+                paths = {key: trie_path(built.trie[key[0]], t) for key, t in ids.items()}
+                logits = state.forward_tree(built.tokens, built.parents) if any(built.tokens) else None
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
             eos_ids = sorted(view.member.eos_token_ids)
             per_row: dict[int, list[torch.Tensor]] = {}
@@ -681,14 +671,18 @@ class OpenTree:
     logits: torch.Tensor
 
     def path(self, row: int, ids: Sequence[int]) -> list[int] | None:
-        """The nodes of `ids` hanging off the row's committed tokens, or None if not all are in."""
-        node, out = -1, []
-        for tok in ids:
-            node = self.trie[row].get((node, tok))
-            if node is None:
-                return None
-            out.append(node)
-        return out
+        return trie_path(self.trie[row], ids)
+
+
+def trie_path(trie: dict[tuple[int, int], int], ids: Sequence[int]) -> list[int] | None:
+    """The nodes of `ids` hanging off the committed tokens in one row's trie, or None if not all are in."""
+    node, out = -1, []
+    for tok in ids:
+        node = trie.get((node, tok))
+        if node is None:
+            return None
+        out.append(node)
+    return out
 
 
 def below(parents: Sequence[int], roots: Sequence[int]) -> set[int]:
