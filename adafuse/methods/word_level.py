@@ -42,7 +42,7 @@ import torch
 
 from adafuse.errors import ConfigError
 from adafuse.gate import top2_margin
-from adafuse.member import Member, make_generators, split_batch_cost
+from adafuse.member import KVState, Member, make_generators, split_batch_cost
 from adafuse.outputs import Cost, GenerationOutput
 from adafuse.sampling import sample
 from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, choose, fuse_scores, normalised_score
@@ -157,6 +157,7 @@ class WordFusion:
         # the lead's candidate words of rows waiting for an ensembled word, advanced in the lead's
         # forwards for the confident rows (`_decode_word`); valid until the next ensembled word
         self._lead_branches: dict[int, Branches] = {}
+        self._open_trees: dict[int, OpenTree | None] = {}  # per member, set by `propose`
 
     # ---- helpers ---------------------------------------------------------------------------
     @property
@@ -345,7 +346,7 @@ class WordFusion:
             live = still
         return out
 
-    def _ride(self, state, feed: list[list[int]], ride: Sequence[int]) -> None:
+    def _ride(self, state: KVState, feed: list[list[int]], ride: Sequence[int]) -> None:
         """One lead forward that commits `feed` (one token per confident row) and advances the open
         candidate branches of the `ride` rows by one greedy token each (the branches are re-fed
         whole beside the committed tokens and discarded)."""
@@ -568,7 +569,7 @@ class WordFusion:
         state operation discards it)."""
         out = []
         self._tree_paths: list[dict[tuple[int, int], list[int]]] = []
-        open_trees = getattr(self, "_open_trees", {})
+        open_trees = self._open_trees
         for m, view in enumerate(self.views):
             state = view.state
             ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
@@ -811,9 +812,7 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
         for b in rows:
             bs = branches[b]
             for i in bs.open():
-                node = -1
-                for tok in bs.tokens[i]:
-                    node = trie[b][(node, tok)]
+                node = trie_path(trie[b], bs.tokens[i])[-1]
                 # walk on while the greedy next token is a node with logits
                 while node is not None and (col is None or (b, node) in col):
                     nxt = int(logits[b, node if col is None else col[(b, node)]].argmax())
