@@ -10,6 +10,13 @@ supports:
 - `score(continuations)`      log-probs of several continuations per row in one forward, no commit;
 - `rollback(lengths)`         shorten rows.
 
+Prompt prefill reuses work across rows and calls (`PrefixCache`): every full chunk of
+`Member.prefix_chunk` tokens of a prompt (all but a last partial chunk) is looked up by the prompt's
+ids up to its end, and computed on a miss by one batch-1 forward of exactly that chunk after the
+earlier ones; only the rest of each prompt goes through the batched forward. k-shot prompts share
+their exemplars, so an evaluation prefills them once. A chunk is always computed the same way, so a
+prompt's chunk KV does not depend on the batch it is in or on the prompts before it.
+
 Rows may have different lengths. The cache is a slot array shared by all rows; `slot_pos[b, j]` is
 the position id of slot j in row b, or -1 when the slot is free (padding, rejected tree nodes,
 rolled-back tokens). Every forward builds its own 4-D mask from `slot_pos`, so holes cost a little
@@ -18,6 +25,7 @@ attention but never change results. Sliding-window layers (Gemma 3) get their ow
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,8 +49,46 @@ class Counters:
         return self.forward_passes, self.tokens_processed
 
 
+# per layer (keys, values) of one chunk of one prompt prefix, [1, heads, chunk, head_dim] (None for a
+# layer that keeps no cache of its own)
+ChunkKV = list[tuple[torch.Tensor, torch.Tensor] | None]
+
+
+class PrefixCache:
+    """LRU map: prompt ids up to a chunk's end -> that chunk's `ChunkKV`."""
+
+    def __init__(self, max_chunks: int = 128):
+        self.max_chunks = max_chunks
+        self._chunks: OrderedDict[tuple[int, ...], ChunkKV] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def get(self, key: tuple[int, ...]) -> ChunkKV | None:
+        kv = self._chunks.get(key)
+        if kv is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._chunks.move_to_end(key)
+        return kv
+
+    def put(self, key: tuple[int, ...], kv: ChunkKV) -> None:
+        self._chunks[key] = kv
+        self._chunks.move_to_end(key)
+        while len(self._chunks) > self.max_chunks:
+            self._chunks.popitem(last=False)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+
+
 class Member:
-    """A causal LM + its tokenizer. Accepts any `AutoModelForCausalLM` and tokenizer."""
+    """A causal LM + its tokenizer. Accepts any `AutoModelForCausalLM` and tokenizer.
+    `prefix_chunk`: prompt prefixes are prefilled and cached in chunks of this many tokens (0: off)."""
+
+    prefix_chunk: int = 64
 
     def __init__(self, model, tokenizer, name: str | None = None, use_chat_template: bool | None = None,
                  system_prompt: str | None = None):
@@ -60,6 +106,7 @@ class Member:
         self.vocab_size = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.eos_token_ids = self._find_eos_ids()
         self.counters = Counters()
+        self.prefix_cache = PrefixCache()
 
     # ---- properties ------------------------------------------------------------------------
     @property
@@ -113,10 +160,42 @@ class Member:
 
     # ---- state -----------------------------------------------------------------------------
     def start(self, prompts_ids: Sequence[Sequence[int]]) -> "KVState":
-        """Prefill a KV state for a batch of prompts (one forward)."""
+        """Prefill a KV state for a batch of prompts: full `prefix_chunk` chunks from the
+        `prefix_cache` (computed on a miss), the rest of every prompt in one batched forward."""
         state = KVState(self, batch_size=len(prompts_ids))
-        state.append(prompts_ids, return_logits=False)
+        C = int(self.prefix_chunk or 0)
+        n_chunks = [max(len(p) - 1, 0) // C if C > 0 else 0 for p in prompts_ids]
+        if any(n_chunks):
+            state.load_prefix([list(p[: n * C]) for p, n in zip(prompts_ids, n_chunks)],
+                              [self.prefix_chunks(p, n) for p, n in zip(prompts_ids, n_chunks)])
+        state.append([list(p[n * C:]) for p, n in zip(prompts_ids, n_chunks)], return_logits=False)
         return state
+
+    @torch.no_grad()
+    def prefix_chunks(self, ids: Sequence[int], n_chunks: int) -> list[ChunkKV]:
+        """The KV of the first `n_chunks` chunks of `ids`, from the cache or computed (one batch-1
+        forward per missing chunk, after the chunks before it)."""
+        C = int(self.prefix_chunk)
+        out: list[ChunkKV] = []
+        work: KVState | None = None  # a batch-1 state holding chunks 0..c-1 once a chunk is missing
+        for c in range(n_chunks):
+            key = tuple(ids[: (c + 1) * C])
+            kv = self.prefix_cache.get(key)
+            chunk = list(ids[c * C: (c + 1) * C])
+            if kv is None:
+                if work is None:
+                    work = KVState(self, batch_size=1)
+                    if out:
+                        work.load_prefix([list(ids[: c * C])], [out])
+                first = work.extend_without_logits([chunk])
+                kv = [None if layer.keys is None or layer.keys.numel() == 0 else
+                      (layer.keys[:, :, first: first + C].clone(), layer.values[:, :, first: first + C].clone())
+                      for layer in work.cache.layers]
+                self.prefix_cache.put(key, kv)
+            elif work is not None:
+                work.load_prefix([chunk], [[kv]])
+            out.append(kv)
+        return out
 
     def cost_since(self, snapshot: tuple[int, int], wall_time_s: float = 0.0) -> Cost:
         cost = Cost(wall_time_s=wall_time_s)
@@ -335,6 +414,52 @@ class KVState:
         return None, S
 
     # ---- public operations -----------------------------------------------------------------
+    def load_prefix(self, ids: Sequence[Sequence[int]], chunks: Sequence[Sequence[ChunkKV]]) -> None:
+        """Append precomputed KV (`Member.prefix_chunks`) of `ids[b]` to each row of a state whose
+        rows have no free slots (a fresh state, or one only ever extended this way)."""
+        if any(len(self.slots[b]) != self.num_slots for b in range(self.batch_size)) or self._tree is not None:
+            raise RuntimeError("load_prefix() needs a state without free slots")
+        S, B = self.num_slots, self.batch_size
+        n = max(len(r) for r in ids)
+        if n == 0:
+            return
+        device = self.member.device
+        n_layers = max(len(kv) for row in chunks for kv in row)
+        for i in range(n_layers):
+            ref = next((kv[i] for row in chunks for kv in row if kv[i] is not None), None)
+            if ref is None:
+                continue
+            k0, v0 = ref
+            keys = k0.new_zeros(B, k0.shape[1], n, k0.shape[3])
+            values = v0.new_zeros(B, v0.shape[1], n, v0.shape[3])
+            for b, row in enumerate(chunks):
+                if row:
+                    keys[b, :, : len(ids[b])] = torch.cat([kv[i][0][0] for kv in row], dim=1)
+                    values[b, :, : len(ids[b])] = torch.cat([kv[i][1][0] for kv in row], dim=1)
+            self.cache.update(keys, values, i)
+        pos = torch.full((B, n), -1, dtype=torch.long)
+        for b, r in enumerate(ids):
+            pos[b, : len(r)] = torch.arange(len(r)) + len(self.ids[b])
+            self.ids[b].extend(r)
+            self.slots[b].extend(range(S, S + len(r)))
+            if r:
+                self._stale.add(b)  # until the next append brings this row's last_logits
+        self.slot_pos = torch.cat([self.slot_pos, pos.to(device)], dim=1)
+
+    def extend_without_logits(self, tokens: Sequence[Sequence[int]]) -> int:
+        """Commit the same number of tokens to every row without computing any logits (prefill
+        chunks); returns the first new slot."""
+        if len({len(t) for t in tokens}) != 1:
+            raise ValueError("extend_without_logits() needs the same number of tokens per row")
+        self._discard_tree()
+        tokens = [list(t) for t in tokens]
+        _, first = self._forward(tokens, [list(range(-1, len(t) - 1)) for t in tokens], "none")
+        for b, t in enumerate(tokens):
+            self.ids[b].extend(t)
+            self.slots[b].extend(range(first, first + len(t)))
+            self._stale.add(b)
+        return first
+
     @torch.no_grad()
     def append(self, tokens: Sequence[Sequence[int]], return_logits: bool = True) -> torch.Tensor | None:
         """Commit `tokens[b]` to row b (rows may get different counts, including none). Returns

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from adafuse.errors import ConfigError
 from eval.config import load_config
 
 
@@ -19,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", default=None, help="comma-separated subset of the config's runs")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
     parser.add_argument("--write_out", action="store_true", help="print each task's first prompt and stop strings before running")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="evaluate only examples K, K+N, K+2N, ... (0 <= K < N); run N such processes on one "
+                             "output folder to split a run; the last to finish writes the metrics")
 
 
 def _subset(items: list, wanted: str | None, what: str, source: str) -> list:
@@ -28,15 +32,28 @@ def _subset(items: list, wanted: str | None, what: str, source: str) -> list:
     known = [i.name for i in items]
     missing = [n for n in names if n not in known]
     if missing:
-        from adafuse.errors import ConfigError
-
         raise ConfigError(f"{source}: no {what} named {', '.join(missing)} (has: {', '.join(known)})")
     return [i for i in items if i.name in names]
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'K/N' -> (K, N); a one-line error otherwise."""
+    if text is None:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k, n = -1, 0
+    if not 0 <= k < n:
+        raise ConfigError(f"--shard {text!r} is invalid: use K/N with 0 <= K < N, e.g. --shard 0/2")
+    return k, n
 
 
 def run(args: argparse.Namespace) -> int:
     from eval.report import markdown_table, plot
     from eval.runner import evaluate
+
+    shard = parse_shard(getattr(args, "shard", None))
 
     cfg = load_config(args.config, limit=args.limit, output_path=args.output_path, seed=args.seed,
                       batch_size=args.batch_size, data_dir=args.data_dir)
@@ -47,11 +64,13 @@ def run(args: argparse.Namespace) -> int:
         _write_out(cfg)
     try:
         results = evaluate(cfg, progress=not args.no_progress, log=lambda s: print(s, file=sys.stderr),
-                           recorded_runs=all_runs)
+                           recorded_runs=all_runs, shard=shard)
     except KeyboardInterrupt:
         print(f"interrupted: finished examples are kept in {cfg.output_path}; rerun the same command to resume",
               file=sys.stderr)
         raise
+    if not results:
+        return 0
     print(markdown_table(results))
     png = plot(results, f"{cfg.output_path}/report.png")
     print(f"\nresults: {cfg.output_path}  plot: {png}")

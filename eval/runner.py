@@ -123,8 +123,11 @@ def _progress(total: int, initial: int, desc: str, enabled: bool):
 
 
 def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_generator: Callable[[], Generator],
-             seed: int = 0, batch_size: int = 1, bootstrap: int = 1000, progress: bool = True) -> dict[str, Any]:
-    """Evaluate one run on one task into `folder`, resuming what is there; returns the metrics."""
+             seed: int = 0, batch_size: int = 1, bootstrap: int = 1000, progress: bool = True,
+             shard: tuple[int, int] | None = None) -> dict[str, Any] | None:
+    """Evaluate one run on one task into `folder`, resuming what is there; returns the metrics.
+    `shard=(k, n)`: only examples k, k+n, k+2n, ... of the task (processes with different k can
+    share the folder); metrics are written (and returned) once every example is in, else None."""
     task = spec.task
     docs, shots = task.load(data_dir)
     if spec.limit is not None:
@@ -134,7 +137,8 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
     pred_path = folder / PREDICTIONS
     wanted = {d["id"] for d in docs}
     done = {r["id"]: r for r in read_predictions(pred_path) if r["id"] in wanted}
-    todo: list[Doc] = [d for d in docs if d["id"] not in done]
+    mine = docs if shard is None else docs[shard[0]:: shard[1]]
+    todo: list[Doc] = [d for d in mine if d["id"] not in done]
     records = [done[d["id"]] for d in docs if d["id"] in done]
     bar = _progress(len(docs), len(records), f"{run.name}/{task.name}", progress)
     if records:
@@ -142,7 +146,8 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
     try:
         if todo:
             generator = get_generator()
-            with open(pred_path, "a", encoding="utf-8") as f:
+            # one O_APPEND write per record: records of processes sharing the file never interleave
+            with open(pred_path, "ab", buffering=0) as f:
                 for start in range(0, len(todo), batch_size):
                     batch = todo[start: start + batch_size]
                     prompts = [task.prompt(d, shots) for d in batch]
@@ -154,13 +159,17 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
                         raise RuntimeError(f"{run.method} returned {len(outputs)} outputs for {len(batch)} prompts")
                     for doc, prompt, out in zip(batch, prompts, outputs):
                         rec = _record(task, doc, prompt, out, wall / len(batch))
-                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                        f.flush()
+                        os.write(f.fileno(), (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
                         records.append(rec)
                     bar.update(len(batch))
                     bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
     finally:
         bar.close()
+    if shard is not None:  # the other shards' records too
+        done = {r["id"]: r for r in read_predictions(pred_path) if r["id"] in wanted}
+        if len(done) < len(docs):
+            return None
+        records = [done[d["id"]] for d in docs]
     order = {d["id"]: i for i, d in enumerate(docs)}
     records.sort(key=lambda r: order[r["id"]])  # same order (and bootstrap draws) whether resumed or not
     metrics = summarize(run, spec, records, bootstrap=bootstrap, seed=seed)
@@ -182,10 +191,11 @@ def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -
 
 
 def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], None] | None = print,
-             recorded_runs: list[RunSpec] | None = None) -> list[dict[str, Any]]:
+             recorded_runs: list[RunSpec] | None = None, shard: tuple[int, int] | None = None) -> list[dict[str, Any]]:
     """Run every run x task of `cfg` into `cfg.output_path`; returns the metrics dicts.
     `recorded_runs` (default: cfg.runs) are the runs written to the folder's config.yaml — the whole
-    config's runs when only some of them are run now (`--runs`), so reports keep its order."""
+    config's runs when only some of them are run now (`--runs`), so reports keep its order.
+    `shard=(k, n)`: this process takes every n-th example from the k-th (see `run_task`)."""
     data_dir = resolve_data_dir(cfg.data_dir)
     out = Path(cfg.output_path)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,7 +215,11 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], Non
         for spec in cfg.tasks:
             folder = out / run.name / spec.name
             metrics = run_task(run, spec, folder, data_dir, get_generator=get_generator, seed=cfg.seed,
-                               batch_size=cfg.batch_size, bootstrap=cfg.bootstrap, progress=progress)
+                               batch_size=cfg.batch_size, bootstrap=cfg.bootstrap, progress=progress, shard=shard)
+            if metrics is None:
+                if log:
+                    log(f"{run.name}/{spec.name}: shard {shard[0]}/{shard[1]} done; metrics when every shard is")
+                continue
             if log:
                 lo, hi = metrics["ci95"]
                 log(f"{run.name}/{spec.name}: {metrics['primary_metric']} = {_fmt(metrics['score'])} "

@@ -216,3 +216,22 @@ def test_running_a_subset_keeps_the_config_order(tmp_path: Path, data: Path) -> 
                              "--no_progress"]) == 0
     assert [r["name"] for r in yaml.safe_load((out / "config.yaml").read_text())["runs"]] == ["a", "b"]
     assert [r["run"] for r in collect([out])] == ["a", "b"]
+
+
+def test_shards_split_a_run_over_processes(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
+    whole = evaluate(parse_config(_cfg(data, tmp_path / "whole", limit=7), "x.yaml"), progress=False, log=None)
+    cfg_path = tmp_path / "c.yaml"
+    out = tmp_path / "sharded"
+    cfg_path.write_text(yaml.safe_dump(_cfg(data, out, limit=7)))
+    pred = out / "fake1" / "gsm8k" / "predictions.jsonl"
+    assert adafuse_main(["eval", str(cfg_path), "--shard", "1/2", "--no_progress", "--batch_size", "2"]) == 0
+    assert [r["id"] for r in _lines(pred)] == [1, 3, 5] and not (pred.parent / "metrics.json").exists()
+    assert "shard 1/2 done" in capsys.readouterr().err
+    # a second process (concurrently or later) takes the rest; the last one writes metrics over all
+    assert adafuse_main(["eval", str(cfg_path), "--shard", "0/2", "--no_progress"]) == 0
+    assert sorted(r["id"] for r in _lines(pred)) == list(range(7))
+    metrics = json.loads((pred.parent / "metrics.json").read_text())
+    assert metrics["n"] == 7 and metrics["score"] == whole[0]["score"] and metrics["ci95"] == whole[0]["ci95"]
+    for bad in ("2/2", "a/b", "1"):
+        assert adafuse_main(["eval", str(cfg_path), "--shard", bad]) == 2
+        assert "--shard" in capsys.readouterr().err

@@ -177,3 +177,47 @@ def test_chat_prompt_formats_exemplars_as_turns():
         assert m.format_prompt(prompt, chat=False) == str(prompt)
     finally:
         m.tokenizer.chat_template = None
+
+
+# ---- prompt prefill from cached prefix chunks ---------------------------------------------------
+def _prompts_with_shared_prefix(V, seed=0):
+    shared = rand_ids(40, V, seed)
+    return [shared + rand_ids(13, V, seed + 1), shared + rand_ids(30, V, seed + 2), rand_ids(9, V, seed + 3)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefix_chunks_equal_a_plain_prefill(arch):
+    m = tiny_member(arch)  # gemma3: sliding window 4, so windows cross chunk boundaries
+    prompts = _prompts_with_shared_prefix(m.vocab_size)
+    m.prefix_chunk = 0
+    ref = m.start(prompts)
+    ref_next = ref.append([[5, 6], [7], [8]])
+    m.prefix_chunk = 8
+    state = m.start(prompts)
+    assert len(m.prefix_cache) == 10 and m.prefix_cache.hits == 5  # the 40 shared tokens: computed once
+    torch.testing.assert_close(state.append([[5, 6], [7], [8]]), ref_next, **TOL)
+    for b, p in enumerate(prompts):
+        torch.testing.assert_close(state.last_logits[b], full_logits(m, p + [[5, 6], [7], [8]][b])[-1], **TOL)
+    # trees and rollback work on top of loaded chunks
+    state.rollback([len(p) + 1 for p in prompts])
+    tree = state.forward_tree([[9, 10], [9], [11]], [[-1, 0], [-1], [-1]])
+    torch.testing.assert_close(tree[0, 1], full_logits(m, prompts[0] + [5, 9, 10])[-1], **TOL)
+
+
+def test_prefix_chunks_are_reused_across_calls_and_independent_of_the_batch():
+    m = tiny_member("qwen2")
+    m.prefix_chunk = 8
+    prompts = _prompts_with_shared_prefix(m.vocab_size, seed=5)
+    alone = m.start([prompts[1]])
+    before = m.counters.snapshot()
+    batched = m.start(prompts)
+    # prompt 1's chunks all come from the cache: only the other prompts' new chunks and the tails are fed
+    fed = m.counters.tokens_processed - before[1]
+    assert fed == 8 + 8 + (5 + 6 + 1)  # new chunks: p0 tokens 40-47, p2 tokens 0-7; tails 5, 6, 1
+    n = 8 * ((len(prompts[1]) - 1) // 8)
+    for a, b in zip(alone.cache.layers, batched.cache.layers):
+        assert torch.equal(a.keys[0, :, :n], b.keys[1, :, :n])  # bit-identical chunk KV
+    torch.testing.assert_close(alone.last_logits[0], batched.last_logits[1], **TOL)
+    m.prefix_cache.max_chunks = 3
+    m.start([rand_ids(20, m.vocab_size, 99)])  # two new chunks
+    assert len(m.prefix_cache) == 3  # LRU bound
