@@ -6,7 +6,8 @@ then the ensemble, and prints:
 
 - share of rounds that ensembled, words per round;
 - forward passes per output word, per member;
-- wall time per output word, ensemble / slowest member alone (the goal is <= 2x);
+- wall time per output word, ensemble / slowest member alone (the goal is <= 2x), also without the
+  time spent in prompt prefill (`Member.start`; each run starts with empty prefix caches);
 - accuracy (exact match on the final number) of each run, for orientation only (few questions).
 
 Words are `adafuse.words.count_words` units of the output text. With `--normalisation` it instead
@@ -61,12 +62,32 @@ def run_batches(fn, prompts, batch_size):
     return outs
 
 
-def summarise(name, outs, members, task, docs, wall):
+PREFILL_S = [0.0]  # seconds spent in Member.start (prompt prefill), see `time_prefill`
+
+
+def time_prefill() -> None:
+    """Accumulate the wall time of every `Member.start` into PREFILL_S (to report decoding alone)."""
+    from adafuse.member import Member
+
+    start = Member.start
+
+    def timed(self, prompts_ids):
+        t0 = time.perf_counter()
+        try:
+            return start(self, prompts_ids)
+        finally:
+            PREFILL_S[0] += time.perf_counter() - t0
+
+    Member.start = timed
+
+
+def summarise(name, outs, members, task, docs, wall, prefill=0.0):
     from adafuse.words import count_words
 
     words = sum(count_words(o.text) for o in outs)
     fwd = {m.name: sum(o.cost.forward_passes.get(m.name, 0) for o in outs) for m in members}
     row = {"run": name, "words": words, "wall_s": round(wall, 2), "s_per_word": wall / max(words, 1),
+           "prefill_s": round(prefill, 2), "decode_s_per_word": (wall - prefill) / max(words, 1),
            "fwd_per_word": {k: round(v / max(words, 1), 3) for k, v in fwd.items() if v},
            "accuracy": accuracy(task, docs, [o.text for o in outs])}
     stats = [o.stats for o in outs if o.stats and "rounds" in o.stats]
@@ -91,6 +112,7 @@ def cost_main(args) -> None:
     from adafuse.member import load_member
 
     torch.set_num_threads(args.threads)
+    time_prefill()
     prompts, docs, task = gsm8k_prompts(args.limit, args.shots, args.offset)
     stop = list(task.until)
     members = [load_member(n, dtype=args.dtype) for n in args.members.split(",")]
@@ -98,10 +120,11 @@ def cost_main(args) -> None:
     if not args.skip_alone:
         for m in members:
             print(f"== {m.name} alone", file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
+            m.prefix_cache.clear()  # every run pays for its own prompt-prefix chunks
+            t0, p0 = time.perf_counter(), PREFILL_S[0]
             outs = run_batches(lambda ps: m.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
                                args.batch_size)
-            results.append(summarise(m.name, outs, members, task, docs, time.perf_counter() - t0))
+            results.append(summarise(m.name, outs, members, task, docs, time.perf_counter() - t0, PREFILL_S[0] - p0))
             print(json.dumps(results[-1]), flush=True)
     knobs = json.loads(args.options) if args.options else {}
     variants = json.loads(args.ensembles) if args.ensembles else [{}]
@@ -113,10 +136,12 @@ def cost_main(args) -> None:
         name = variant.pop("name", None) or f"{args.method} lead={members[lead].name}" + (" +drafters" if drafters else "")
         ens = Ensemble(members, method=args.method, drafters=drafters, lead=lead, **{**knobs, **variant})
         print(f"== {ens!r}", file=sys.stderr, flush=True)
-        t0 = time.perf_counter()
+        for m in members:
+            m.prefix_cache.clear()
+        t0, p0 = time.perf_counter(), PREFILL_S[0]
         outs = run_batches(lambda ps: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
                            args.batch_size)
-        results.append(summarise(name, outs, members, task, docs, time.perf_counter() - t0))
+        results.append(summarise(name, outs, members, task, docs, time.perf_counter() - t0, PREFILL_S[0] - p0))
         print(json.dumps(results[-1]), flush=True)
         if args.save:
             with open(f"{args.save}.{len(results)}.jsonl", "w") as f:
@@ -129,8 +154,11 @@ def cost_main(args) -> None:
         for r in results:
             if r not in alone:
                 r["ratio_to_slowest_alone"] = round(r["s_per_word"] / slowest["s_per_word"], 3)
+                r["decode_ratio_to_slowest_alone"] = round(r["decode_s_per_word"] / slowest["decode_s_per_word"], 3)
                 print(f"\n{r['run']}: wall time per output word {r['s_per_word']:.3f} s, slowest alone "
-                      f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {r['ratio_to_slowest_alone']:.2f}x")
+                      f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {r['ratio_to_slowest_alone']:.2f}x "
+                      f"(without prompt prefill: {r['decode_s_per_word']:.3f} vs {slowest['decode_s_per_word']:.3f} s "
+                      f"-> {r['decode_ratio_to_slowest_alone']:.2f}x)")
     print(json.dumps({"config": vars(args), "results": results}))
     if args.markdown:
         Path(args.markdown).write_text(cost_markdown(results, args))
@@ -140,12 +168,13 @@ def cost_markdown(results, args) -> str:
     cmd = "python benchmarks/adafuse_cost.py " + " ".join(sys.argv[1:])
     lines = [f"# AdaFuse cost on GSM8K ({args.limit} questions, {args.max_new_tokens} new tokens, batch {args.batch_size})",
              "", f"    {cmd}", "",
-             "| run | words | wall s | s / word | x slowest alone | ensembled rounds | words / round | gate decisions "
-             "| forward passes / word | accuracy |",
-             "|---|--:|--:|--:|--:|--:|--:|---|---|--:|"]
+             "| run | words | wall s | prefill s | s / word | x slowest alone | x without prefill | ensembled rounds "
+             "| words / round | gate decisions | forward passes / word | accuracy |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|--:|"]
     for r in results:
-        lines.append(f"| {r['run']} | {r['words']} | {r['wall_s']:.0f} | {r['s_per_word']:.3f} | "
-                     f"{r.get('ratio_to_slowest_alone', '-')} | {r.get('ensemble_share', '-')} | "
+        lines.append(f"| {r['run']} | {r['words']} | {r['wall_s']:.0f} | {r['prefill_s']:.0f} | {r['s_per_word']:.3f} | "
+                     f"{r.get('ratio_to_slowest_alone', '-')} | {r.get('decode_ratio_to_slowest_alone', '-')} | "
+                     f"{r.get('ensemble_share', '-')} | "
                      f"{r.get('words_per_round', '-')} | {r.get('gate_decisions', '-')} | "
                      f"{', '.join(f'{k} {v}' for k, v in r['fwd_per_word'].items())} | {r['accuracy']:.2f} |")
     return "\n".join(lines) + "\n"
