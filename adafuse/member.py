@@ -55,7 +55,8 @@ ChunkKV = list[tuple[torch.Tensor, torch.Tensor] | None]
 
 
 class PrefixCache:
-    """LRU map: prompt ids up to a chunk's end -> that chunk's `ChunkKV`."""
+    """LRU map: prompt ids up to a chunk's end -> that chunk's `ChunkKV`. Memory: `max_chunks`
+    chunks of K/V, e.g. ~200 MB for qwen2.5-coder-0.5b and ~470 MB for the 1.5B at 128 x 64 tokens."""
 
     def __init__(self, max_chunks: int = 128):
         self.max_chunks = max_chunks
