@@ -455,10 +455,7 @@ class KVState:
         self._discard_tree()
         tokens = [list(t) for t in tokens]
         _, first = self._forward(tokens, [list(range(-1, len(t) - 1)) for t in tokens], "none")
-        for b, t in enumerate(tokens):
-            self.ids[b].extend(t)
-            self.slots[b].extend(range(first, first + len(t)))
-            self._stale.add(b)
+        self._commit_rows(tokens, [list(range(len(t))) for t in tokens], first, None)
         return first
 
     @torch.no_grad()
@@ -477,8 +474,10 @@ class KVState:
         self._commit_rows(tokens, [list(range(len(t))) for t in tokens], first, last)
         return logits if return_logits else None
 
-    def _commit_rows(self, tokens, paths, first_slot: int, last_logits: torch.Tensor) -> None:
-        if self.last_logits is None:
+    def _commit_rows(self, tokens, paths, first_slot: int, last_logits: torch.Tensor | None) -> None:
+        """Record the committed nodes `paths[b]` of the forward that started at `first_slot`; without
+        `last_logits` the rows' next-token logits are stale until their next append."""
+        if self.last_logits is None and last_logits is not None:
             self.last_logits = torch.zeros(self.batch_size, last_logits.shape[-1], dtype=torch.float32,
                                            device=last_logits.device)
         for b, path in enumerate(paths):
@@ -486,7 +485,10 @@ class KVState:
                 continue
             self.ids[b].extend(tokens[b][i] for i in path)
             self.slots[b].extend(first_slot + i for i in path)
-            self.last_logits[b] = last_logits[b]
+            if last_logits is None:
+                self._stale.add(b)
+            else:
+                self.last_logits[b] = last_logits[b]
 
     def next_probs(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
         """[B, V] next-token distribution of each row after its last committed token."""

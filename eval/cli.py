@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from eval.report import markdown_table, plot
     from eval.runner import evaluate
 
-    shard = parse_shard(getattr(args, "shard", None))
+    shard = parse_shard(args.shard)
 
     cfg = load_config(args.config, limit=args.limit, output_path=args.output_path, seed=args.seed,
                       batch_size=args.batch_size, data_dir=args.data_dir)
