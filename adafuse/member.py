@@ -54,6 +54,43 @@ class Counters:
 ChunkKV = list[tuple[torch.Tensor, torch.Tensor] | None]
 
 
+@dataclass
+class _TreeBlock:
+    """The logits of one forward of an open tree: row b's node n (tree-wide index) is column
+    `cols[b][n]` of `logits` [B, K, V]."""
+
+    logits: torch.Tensor
+    cols: list[dict[int, int]]
+
+
+@dataclass
+class _OpenTree:
+    """A token tree fed by `forward_tree` (and grown by `forward_tree(..., extend=True)`), not yet
+    accepted. Nodes are numbered per row in the order they were fed."""
+
+    first: int                      # the tree's first slot
+    tokens: list[list[int]]         # per row, each node's token
+    parents: list[list[int]]        # per row, each node's parent node (-1: the last committed token)
+    slots: list[list[int]]          # per row, each node's slot - first
+    blocks: list[_TreeBlock]
+    serial: int                     # tells trees apart (`KVState.open_tree_serial`)
+
+    def lineage(self, b: int, node: int) -> list[int]:
+        """`node` and its ancestors in row b."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[b][node]
+        return out
+
+    def logits_of(self, b: int, node: int) -> torch.Tensor | None:
+        for block in self.blocks:
+            col = block.cols[b].get(node)
+            if col is not None:
+                return block.logits[b, col]
+        return None
+
+
 class PrefixCache:
     """LRU map: prompt ids up to a chunk's end -> that chunk's `ChunkKV`. Memory: `max_chunks`
     chunks of K/V, e.g. ~200 MB for qwen2.5-coder-0.5b and ~470 MB for the 1.5B at 128 x 64 tokens."""
@@ -300,7 +337,8 @@ class KVState:
         self.slots: list[list[int]] = [[] for _ in range(batch_size)]  # slot of each committed token
         self.slot_pos = torch.empty(batch_size, 0, dtype=torch.long, device=member.device)
         self.last_logits: torch.Tensor | None = None  # [B, V] float32, after each row's last token
-        self._tree: tuple[list[list[int]], torch.Tensor, int] | None = None
+        self._tree: _OpenTree | None = None
+        self._tree_serial = 0
         self._stale: set[int] = set()  # rows whose last_logits predate a rollback
 
     def __repr__(self) -> str:
@@ -321,9 +359,13 @@ class KVState:
         parents: list[list[int]],  # per row, parent index within the row's new tokens; -1 = last committed
         keep: str,                 # "all" | "last" | "none" | "at": which logits to compute
         at: Sequence[Sequence[int]] | None = None,  # keep="at": per row, node indices wanted
+        roots: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor | None, list[int]]:
         """Feed new tokens as a forest hanging off each row's committed sequence. Returns
-        (logits [B, N, V] float32 or [B, V] for keep="last", and the first new slot index)."""
+        (logits [B, N, V] float32 or [B, V] for keep="last", and the first new slot index).
+        `roots` = (seen [B, N, S] bool, depth [B, N] long) puts the roots of the new block (parent
+        -1) elsewhere: root i of row b sees exactly the past slots seen[b, i] and sits at depth
+        depth[b, i] past the row's committed tokens (an open tree's nodes below which it hangs)."""
         device = self.member.device
         B = self.batch_size
         n_new = max((len(t) for t in tokens), default=0)
@@ -340,8 +382,12 @@ class KVState:
                 par[b, : len(p)] = torch.tensor(p, dtype=torch.long)
                 valid[b, : len(t)] = True
         # ancestor-or-self relation and depth inside the new block
+        S = self.num_slots
+        past_pos = self.slot_pos.cpu()
         anc = torch.zeros(B, n_new, n_new, dtype=torch.bool)
+        root_depth = roots[1] if roots is not None else torch.zeros(B, n_new, dtype=torch.long)
         depth = torch.zeros(B, n_new, dtype=torch.long)
+        seen = roots[0].clone() if roots is not None else None  # past slots each node sees
         eye = torch.eye(n_new, dtype=torch.bool)
         rows = torch.arange(B)
         for i in range(n_new):
@@ -351,15 +397,17 @@ class KVState:
             has_parent = p >= 0
             pc = p.clamp(min=0)
             anc[:, i] = eye[i] | (anc[rows, pc] & has_parent[:, None])
-            depth[:, i] = torch.where(has_parent, depth[rows, pc] + 1, torch.zeros_like(pc))
+            depth[:, i] = torch.where(has_parent, depth[rows, pc] + 1, root_depth[:, i])
+            if seen is not None:
+                seen[:, i] = torch.where(has_parent[:, None], seen[rows, pc], seen[:, i])
         anc &= valid[:, None, :]
         anc |= eye[None]  # padding nodes see themselves (avoids empty rows)
         base = torch.tensor(self.lengths, dtype=torch.long)
         pos = torch.where(valid, base[:, None] + depth, torch.zeros_like(depth))
 
-        S = self.num_slots
-        past_pos = self.slot_pos.cpu()
         past_valid = (past_pos >= 0)[:, None, :].expand(B, n_new, S)
+        if seen is not None:
+            past_valid = past_valid & seen
         full = torch.cat([past_valid, anc], dim=-1)  # [B, N, S+N]
         masks = {"full_attention": full}
         if self.member.has_sliding:
@@ -455,7 +503,7 @@ class KVState:
         self._discard_tree()
         tokens = [list(t) for t in tokens]
         _, first = self._forward(tokens, [list(range(-1, len(t) - 1)) for t in tokens], "none")
-        self._commit_rows(tokens, [list(range(len(t))) for t in tokens], first, None)
+        self._commit_rows(tokens, [list(range(first, first + len(t))) for t in tokens], None)
         return first
 
     @torch.no_grad()
@@ -471,20 +519,21 @@ class KVState:
         if logits is None:
             return None
         last = logits[torch.arange(self.batch_size), [max(len(t) - 1, 0) for t in tokens]] if return_logits else logits
-        self._commit_rows(tokens, [list(range(len(t))) for t in tokens], first, last)
+        self._commit_rows(tokens, [list(range(first, first + len(t))) for t in tokens], last)
         return logits if return_logits else None
 
-    def _commit_rows(self, tokens, paths, first_slot: int, last_logits: torch.Tensor | None) -> None:
-        """Record the committed nodes `paths[b]` of the forward that started at `first_slot`; without
-        `last_logits` the rows' next-token logits are stale until their next append."""
+    def _commit_rows(self, ids: Sequence[Sequence[int]], slots: Sequence[Sequence[int]],
+                     last_logits: torch.Tensor | None) -> None:
+        """Record committed tokens `ids[b]` at cache slots `slots[b]`; without `last_logits` the rows'
+        next-token logits are stale until their next append."""
         if self.last_logits is None and last_logits is not None:
             self.last_logits = torch.zeros(self.batch_size, last_logits.shape[-1], dtype=torch.float32,
                                            device=last_logits.device)
-        for b, path in enumerate(paths):
-            if not path:
+        for b, (row_ids, row_slots) in enumerate(zip(ids, slots)):
+            if not row_ids:
                 continue
-            self.ids[b].extend(tokens[b][i] for i in path)
-            self.slots[b].extend(first_slot + i for i in path)
+            self.ids[b].extend(row_ids)
+            self.slots[b].extend(row_slots)
             if last_logits is None:
                 self._stale.add(b)
             else:
@@ -499,60 +548,139 @@ class KVState:
 
     @torch.no_grad()
     def forward_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
-                     logits_at: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+                     logits_at: Sequence[Sequence[int]] | None = None, extend: bool = False) -> torch.Tensor:
         """Score a token tree per row in one forward, without committing. `parents[b][i]` is the
         index of node i's parent among row b's nodes (-1: child of the last committed token).
         Returns logits [B, N, V] (the distribution after each node). Call `accept` next.
         With `logits_at` (per row, node indices) only those nodes get logits (the LM head is the
         costly part with large vocabularies): returns [B, K, V], row b's k-th = node logits_at[b][k]
         (rows with fewer repeat a valid column); `accept` can then keep, per row, a path ending at
-        one of those nodes (or none)."""
-        self._discard_tree()
-        self._refresh()
+        one of those nodes (or none).
+        `extend=True` grows the open tree instead (a fresh one if none is open): the new nodes of
+        row b are numbered on from its n_b nodes (n_b + i for tokens[b][i]); `parents` and
+        `logits_at` use those tree-wide numbers, a parent may be any node of the tree, and the
+        returned logits are of the new nodes only ([B, N, V], row b's i-th = node n_b + i; or in
+        `logits_at` order). The nodes already fed are not fed again. `tree_logits` gathers the logits
+        of any nodes of the open tree; `accept` takes tree-wide node numbers."""
+        if not (extend and self._tree is not None):
+            self._discard_tree()
+            self._refresh()  # (a tree is only ever opened on fresh rows)
         tokens = [list(t) for t in tokens]
-        if logits_at is not None:
-            at = [list(r) for r in logits_at]
-            logits, first = self._forward(tokens, [list(p) for p in parents], "at", at=at)
-            self._tree = (tokens, logits, first, at)
-            return logits
-        logits, first = self._forward(tokens, [list(p) for p in parents], "all")
-        self._tree = (tokens, logits, first, None)
+        parents = [list(p) for p in parents]
+        tree = self._tree
+        if tree is None:
+            n_old = [0] * self.batch_size
+            local_parents, roots = parents, None
+        else:
+            n_old = [len(t) for t in tree.tokens]
+            local_parents, roots = self._roots_below(tree, tokens, parents)
+        at = None if logits_at is None else [[int(i) - n for i in row] for row, n in zip(logits_at, n_old)]
+        if at is not None and any(i < 0 or i >= len(t) for row, t in zip(at, tokens) for i in row):
+            raise ValueError("logits_at may only name nodes fed by this forward")
+        before = self.num_slots
+        logits, first = self._forward(tokens, local_parents, "all" if at is None else "at", at=at, roots=roots)
+        if tree is None:
+            self._tree_serial += 1
+            tree = self._tree = _OpenTree(first, [[] for _ in tokens], [[] for _ in tokens],
+                                          [[] for _ in tokens], [], self._tree_serial)
+        offset = before - tree.first
+        for b, (t, p) in enumerate(zip(tokens, parents)):
+            tree.tokens[b].extend(t)
+            tree.parents[b].extend(p)
+            tree.slots[b].extend(offset + i for i in range(len(t)))
+        if logits is not None:
+            cols = ([{n_old[b] + i: i for i in range(len(t))} for b, t in enumerate(tokens)] if at is None else
+                    [{n_old[b] + i: k for k, i in enumerate(row)} for b, row in enumerate(at)])
+            tree.blocks.append(_TreeBlock(logits, cols))
         return logits
+
+    def _roots_below(self, tree: "_OpenTree", tokens: list[list[int]], parents: list[list[int]]
+                     ) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
+        """For nodes added to the open `tree`: parents within the new block (-1 for a node whose
+        parent is committed or in the tree) and, for those roots, the past slots they see (the
+        committed slots and their ancestors in the tree) and their depth."""
+        B, S = self.batch_size, self.num_slots
+        n_new = max((len(t) for t in tokens), default=0)
+        committed = (self.slot_pos[:, : tree.first] >= 0).cpu()
+        seen = torch.zeros(B, n_new, S, dtype=torch.bool)
+        seen[:, :, : tree.first] = committed[:, None, :]
+        depth = torch.zeros(B, n_new, dtype=torch.long)
+        local = []
+        for b, (t, par) in enumerate(zip(tokens, parents)):
+            n = len(tree.tokens[b])
+            row = []
+            for i, p in enumerate(par):
+                if p >= n + i or p < -1:
+                    raise ValueError("a node's parent must come before it (parents[i] < i)")
+                row.append(p - n if p >= n else -1)
+                if 0 <= p < n:
+                    line = tree.lineage(b, p)
+                    seen[b, i, [tree.first + tree.slots[b][a] for a in line]] = True
+                    depth[b, i] = len(line)
+            local.append(row)
+        return local, (seen, depth)
+
+    def tree_logits(self, nodes: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits [B, K, V] after the given nodes (per row, tree-wide numbers) of the open tree; row b's
+        k-th = nodes[b][k] (rows with fewer repeat their last; a row with none gets zeros)."""
+        tree = self._tree
+        if tree is None:
+            raise RuntimeError("tree_logits() needs an open tree (forward_tree)")
+        width = max((len(r) for r in nodes), default=0)
+        vocab = tree.blocks[0].logits.shape[-1] if tree.blocks else self.member.vocab_size
+        out = torch.zeros(self.batch_size, width, vocab, dtype=torch.float32, device=self.member.device)
+        for b, row in enumerate(nodes):
+            for k in range(width):
+                if not row:
+                    break
+                found = tree.logits_of(b, row[min(k, len(row) - 1)])
+                if found is None:
+                    raise RuntimeError(f"row {b}: node {row[min(k, len(row) - 1)]} of the open tree has no logits")
+                out[b, k] = found
+        return out
+
+    @property
+    def open_tree_serial(self) -> int | None:
+        """A number that identifies the open tree (None if none is open); it changes with every
+        new tree, not when the tree is extended."""
+        return self._tree.serial if self._tree is not None else None
 
     @property
     def open_tree_logits(self) -> torch.Tensor | None:
-        """The logits `forward_tree` returned for the tree that is still open (None if none is)."""
-        return self._tree[1] if self._tree is not None else None
+        """The logits of the open tree's last forward (None if no tree is open)."""
+        return self._tree.blocks[-1].logits if self._tree is not None and self._tree.blocks else None
 
     def _discard_tree(self) -> None:
         if self._tree is not None:
             self.accept([[] for _ in range(self.batch_size)])
 
     def accept(self, paths: Sequence[Sequence[int]]) -> None:
-        """Commit, per row, the node indices of a root-to-node chain from the last `forward_tree`
-        (may be empty); all other tree nodes are freed."""
-        if self._tree is None:
+        """Commit, per row, the node numbers of a root-to-node chain of the open tree (may be empty);
+        all other tree nodes are freed. A path must end at a node that has logits."""
+        tree = self._tree
+        if tree is None:
             raise RuntimeError("accept() needs a preceding forward_tree()")
-        tokens, logits, first, at = self._tree
-        if at is not None:  # logits only at the `logits_at` nodes: column of each path's end
-            cols = []
+        last = None
+        if any(paths):
+            ends = []
             for b, path in enumerate(paths):
-                if path and path[-1] not in at[b]:
+                found = tree.logits_of(b, path[-1]) if path else None
+                if path and found is None:
                     raise RuntimeError("with logits_at, an accepted path must end at a node that has logits")
-                cols.append(at[b].index(path[-1]) if path else 0)
-            logits = logits[torch.arange(self.batch_size), torch.tensor(cols)][:, None] if any(paths) else None
-            paths_at_end = [[0] if path else [] for path in paths]
+                ends.append(found)
+            fill = next(e for e in ends if e is not None)
+            last = torch.stack([e if e is not None else fill for e in ends])
         self._tree = None
+        first = tree.first
         keep = torch.zeros_like(self.slot_pos[:, first:], dtype=torch.bool)
         for b, path in enumerate(paths):
             if path:
-                keep[b, list(path)] = True
+                keep[b, [tree.slots[b][i] for i in path]] = True
         self.slot_pos[:, first:] = torch.where(keep, self.slot_pos[:, first:], torch.full_like(keep, -1, dtype=torch.long))
-        if logits is not None:
-            ends = paths_at_end if at is not None else paths
-            last = torch.stack([logits[b, end[-1]] if end else logits[b, 0] for b, end in enumerate(ends)])
+        if last is not None:
             self._stale.difference_update(b for b, path in enumerate(paths) if path)
-            self._commit_rows(tokens, [list(p) for p in paths], first, last)
+            self._commit_rows([[tree.tokens[b][i] for i in path] for b, path in enumerate(paths)],
+                              [[first + tree.slots[b][i] for i in path] for b, path in enumerate(paths)], last)
         # accepted nodes sit at depth 0..k-1 of the tree, so their positions already equal their
         # final positions; only the freed slots need compaction
         self._trim()

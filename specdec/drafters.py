@@ -160,6 +160,7 @@ class ModelDrafter(Drafter):
         chain = True
         committed: list[set[int]] = [set() for _ in range(B)]
         fwd_index: list[dict[int, int]] = [{} for _ in range(B)]
+        open_node: list[dict[int, int]] = [{} for _ in range(B)]  # draft node -> node of the state's open tree
         for level in range(depth):
             new_frontier: list[list[int]] = [[] for _ in range(B)]
             for b in range(B):
@@ -183,8 +184,9 @@ class ModelDrafter(Drafter):
                 break
             # one drafter forward gives q at the new frontier of every row. While each row's tree is
             # a chain, its nodes are committed (append: one token per row per forward; the next
-            # sync rolls rejected ones back); once a row branches, the uncommitted nodes go through
-            # one forward_tree hanging below the committed chain.
+            # sync rolls rejected ones back); once a row branches, the uncommitted nodes go into a
+            # tree hanging below the committed chain, open in the drafter's state, which each later
+            # level extends by its new nodes only (`forward_tree(extend=True)`).
             if chain and all(len(f) <= 1 for f in frontier):
                 logits = st.append([[trees[b].tokens[f[0]]] if f else [] for b, f in enumerate(frontier)])
                 for b, f in enumerate(frontier):
@@ -192,23 +194,22 @@ class ModelDrafter(Drafter):
                         fwd_index[b] = {f[0]: 0}
                         committed[b].add(f[0])
             else:
-                chain = False
-                toks, pars = [], []
+                extend, chain = not chain, False
+                toks, pars, new = [], [], []
                 for b, t in enumerate(trees):
-                    idx: dict[int, int] = {}
                     tk, pr = [], []
-                    for i in range(1, len(t)):
-                        if i in committed[b]:
-                            continue
-                        idx[i] = len(tk)
+                    fresh = [i for i in range(1, len(t)) if i not in committed[b] and i not in open_node[b]]
+                    for i in fresh:
+                        open_node[b][i] = len(open_node[b])
                         tk.append(t.tokens[i])
-                        pr.append(idx.get(t.parents[i], -1))  # parent committed (chain tip) -> -1
-                    fwd_index[b] = idx
+                        pr.append(open_node[b].get(t.parents[i], -1))  # parent committed (chain tip) -> -1
                     toks.append(tk)
                     pars.append(pr)
-                # LM head only at the frontier (rows without one ask for a dummy node or nothing)
-                at = [[fwd_index[b][node] for node in frontier[b]] or ([0] if toks[b] else []) for b in range(B)]
-                logits = st.forward_tree(toks, pars, logits_at=at)
+                    new.append(fresh)
+                # LM head only at the frontier (rows without one ask for a new node or nothing)
+                at = [[open_node[b][node] for node in frontier[b]] or ([open_node[b][new[b][0]]] if new[b] else [])
+                      for b in range(B)]
+                logits = st.forward_tree(toks, pars, logits_at=at, extend=extend)
                 for b in range(B):
                     fwd_index[b] = {node: k for k, node in enumerate(frontier[b])}
             rows = [b for b in range(B) for _ in frontier[b]]

@@ -60,6 +60,72 @@ def test_tree_forward_matches_each_path(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_extended_tree_equals_the_tree_fed_at_once(arch):
+    """A tree grown over three forwards (`extend=True`, parents anywhere in the tree, deeper than
+    gemma3's sliding window of 4, logits everywhere or only at some nodes) gives every node the logits
+    of its path; a path across the forwards is accepted, in a batch with a row that grows differently."""
+    m = tiny_member(arch)
+    V = m.vocab_size
+    prompts = [rand_ids(7, V, 30), rand_ids(3, V, 31)]
+    toks = [rand_ids(9, V, 32), rand_ids(4, V, 33)]
+    # row 0: 0 -> 1 -> (2, 3 -> 5 -> 6 -> 7 -> 8), 4 ; row 1: 0 -> (1, 2 -> 3)
+    parents = [[-1, 0, 1, 1, -1, 3, 5, 6, 7], [-1, 0, 0, 2]]
+    blocks = [([0, 1, 2], [0, 1]), ([3, 4, 5], [2]), ([6, 7, 8], [3])]  # nodes fed by each forward
+
+    def path(b, node):
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = parents[b][node]
+        return out[::-1]
+
+    state = m.start(prompts)
+    at_end = {0: [2, 5, 8], 1: [1, 3]}  # second run: logits only at these nodes
+    for logits_at in (None, at_end):
+        state = m.start(prompts)
+        for k, nodes in enumerate(blocks):
+            at = None if logits_at is None else [[i for i in nodes[b] if i in logits_at[b]] for b in range(2)]
+            lg = state.forward_tree([[toks[b][i] for i in nodes[b]] for b in range(2)],
+                                    [[parents[b][i] for i in nodes[b]] for b in range(2)],
+                                    logits_at=at, extend=k > 0)
+            for b in range(2):
+                for col, node in enumerate(nodes[b] if at is None else at[b]):
+                    ref = full_logits(m, prompts[b] + [toks[b][i] for i in path(b, node)])[-1]
+                    torch.testing.assert_close(lg[b, col], ref, **TOL)
+        want = [n for n in range(9) if logits_at is None or n in logits_at[0]]
+        gathered = state.tree_logits([want, [3]])
+        for k, node in enumerate(want):
+            ref = full_logits(m, prompts[0] + [toks[0][i] for i in path(0, node)])[-1]
+            torch.testing.assert_close(gathered[0, k], ref, **TOL)
+        state.accept([path(0, 8), path(1, 3)])
+        for b, end in ((0, 8), (1, 3)):
+            assert state.ids[b] == prompts[b] + [toks[b][i] for i in path(b, end)]
+        nxt = [rand_ids(2, V, 34), rand_ids(3, V, 35)]
+        lg2 = state.append(nxt)
+        for b in range(2):
+            torch.testing.assert_close(lg2[b, : len(nxt[b])], full_logits(m, state.ids[b])[-len(nxt[b]):], **TOL)
+
+
+def test_extending_checks_its_input():
+    m = tiny_member("llama")
+    state = m.start([rand_ids(4, m.vocab_size, 36)])
+    state.forward_tree([[5, 6]], [[-1, 0]])
+    with pytest.raises(ValueError, match="parent must come before"):
+        state.forward_tree([[7]], [[2]], extend=True)  # node 2 is the new node itself
+    with pytest.raises(ValueError, match="logits_at"):
+        state.forward_tree([[7]], [[1]], logits_at=[[0]], extend=True)  # node 0 was fed before
+    serial = state.open_tree_serial
+    state.forward_tree([[7, 8]], [[1, 2]], logits_at=[[3]], extend=True)  # node 2 gets no logits
+    assert state.open_tree_serial == serial
+    with pytest.raises(RuntimeError, match="has no logits"):
+        state.tree_logits([[2]])
+    with pytest.raises(RuntimeError, match="must end at a node that has logits"):
+        state.accept([[0, 1, 2]])
+    state.accept([[0, 1, 2, 3]])
+    assert state.open_tree_serial is None and state.ids[0][-4:] == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_rollback_then_continue(arch):
     m = tiny_member(arch)
     V = m.vocab_size

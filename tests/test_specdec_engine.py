@@ -83,6 +83,33 @@ def test_stop_strings_and_max_tokens(pair):
     assert g.generate(["The quick brown"], max_new_tokens=5)[0].num_tokens == 5
 
 
+@pytest.mark.parametrize("budget", [None, 7])
+def test_model_drafter_q_is_the_drafter_distribution_at_every_node(pair, budget):
+    """The drafter's tree grows level by level in one open tree (each level feeds only its new
+    nodes); the q at every expanded node equals the drafter model's distribution after that node's
+    path, in a batch of rows of different lengths (a chain first, then branching)."""
+    _, other = pair
+    ctx = [other.encode_prompt(p) for p in PROMPTS]
+    drafter = ModelDrafter(other)
+    gens = [torch.Generator().manual_seed(i) for i in range(len(ctx))]
+    trees = drafter.draft(ctx, scheme="with", num_drafts=2, depth=4, node_budget=budget, temperature=1.0,
+                          top_k=0, top_p=1.0, generators=gens)
+    checked = 0
+    for b, tree in enumerate(trees):
+        for node, q in enumerate(tree.draft_probs):
+            if q is None:
+                continue
+            path, i = [], node
+            while i > 0:
+                path.append(tree.tokens[i])
+                i = tree.parents[i]
+            with torch.no_grad():
+                logits = other.model(input_ids=torch.tensor([ctx[b] + path[::-1]])).logits[0, -1].float()
+            torch.testing.assert_close(q, torch.softmax(logits, -1), atol=1e-5, rtol=1e-4)
+            checked += 1
+    assert checked >= len(ctx) * 3
+
+
 def test_decode_continues_an_existing_state(pair):
     """decode() commits exactly the returned tokens, truncates at stop_fn, and re-syncs the drafter
     after someone else rolled the state back or extended it."""

@@ -575,16 +575,17 @@ class WordFusion:
             ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
             tree = open_trees.get(m)
             paths: dict[tuple[int, int], list[int]] | None = None
-            if tree is not None and state.open_tree_logits is tree.logits:
+            if tree is not None and tree.serial is not None and state.open_tree_serial == tree.serial:
                 found = {key: tree.path(key[0], t) for key, t in ids.items()}
-                if all(p is not None for p in found.values()):
-                    paths, logits = found, tree.logits
+                if all(p is not None and all((key[0], n) in tree.logits for n in p[:-1]) for key, p in found.items()):
+                    paths, node_logits = found, tree.logits
             if paths is None:
                 built = TreeBuilder(len(self.texts))  # candidates sharing a prefix share its nodes
                 for (b, _), t in ids.items():
                     built.add(b, t)
                 paths = {key: trie_path(built.trie[key[0]], t) for key, t in ids.items()}
                 logits = state.forward_tree(built.tokens, built.parents) if any(built.tokens) else None
+                node_logits = {(b, n): logits[b, n] for b in rows for n in range(len(built.tokens[b]))}
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
             eos_ids = sorted(view.member.eos_token_ids)
             per_row: dict[int, list[torch.Tensor]] = {}
@@ -597,7 +598,9 @@ class WordFusion:
                         continue
                     path = paths[(b, j)]
                     tok = torch.tensor(ids[(b, j)], device=last_lp.device)
-                    prev = torch.cat([last_lp[b: b + 1], torch.log_softmax(logits[b, path[:-1]], dim=-1)], dim=0)
+                    inner = [node_logits[(b, n)] for n in path[:-1]]
+                    prev = torch.cat([last_lp[b: b + 1]] + ([torch.log_softmax(torch.stack(inner), dim=-1)] if inner else []),
+                                     dim=0)
                     row.append(prev.gather(-1, tok[:, None]).squeeze(-1).cpu())
                 per_row[b] = row
             self._tree_paths.append(paths)
@@ -613,7 +616,7 @@ class WordFusion:
             for b, j in chosen.items():
                 if not cands[b][j].eos:
                     paths[b] = self._tree_paths[m][(b, j)]
-            if view.state.open_tree_logits is not None:
+            if view.state.open_tree_serial is not None:
                 view.state.accept(paths)
             elif any(paths):
                 raise RuntimeError("commit_chosen() needs the trees of candidate_logprobs()")
@@ -666,10 +669,12 @@ def continuation_ids(view: MemberText, row: int, text: str) -> list[int]:
 
 @dataclass
 class OpenTree:
-    """A member's last `forward_tree`, still open in its state: per row, the trie (parent node,
-    token) -> node of the fed tokens, and the logits after every node [B, N, V]."""
+    """A member's token tree still open in its state (`KVState.open_tree_serial` == `serial`): per row,
+    the trie (parent node, token) -> node of the fed tokens, and the logits after each node that has
+    them, (row, node) -> [V]."""
     trie: list[dict[tuple[int, int], int]]
-    logits: torch.Tensor
+    logits: dict[tuple[int, int], torch.Tensor]
+    serial: int | None
 
     def path(self, row: int, ids: Sequence[int]) -> list[int] | None:
         return trie_path(self.trie[row], ids)
@@ -769,56 +774,67 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                    max_word_tokens: int, known: dict[int, list[str]] | None = None, keep_tree: bool = False,
                    started: dict[int, Branches] | None = None) -> tuple[dict[int, list[str]], OpenTree | None]:
     """Complete each first token greedily to the word boundary (`Branches`) without committing
-    anything; all unfinished branches of all rows go through one tree forward per step. Besides the
-    branches (re-fed whole: words are a few tokens), each step's tree holds the `known` words as
-    drafts (per row, words other members proposed, by this member's continuation ids). A branch walks
-    on through the tree while its greedy next token is a node there, so completing a word some member
-    already proposed costs no further forward. (Prompt-lookup drafts as well saved ~10 % of these
-    forwards but tripled their tokens: slower on CPU.) Logits are computed at the branch ends and the
-    drafts below them only (only drafts a branch can walk into are fed), and the tree is discarded;
-    with `keep_tree` every step's tree also holds the words completed so far, every node gets logits
-    and the last tree stays open (also for rows whose branches were all done) for
+    anything; all unfinished branches of all rows advance in one forward per step. The steps grow
+    one token tree in the member's state (`KVState.forward_tree(extend=True)`): the first holds the
+    branches' tokens and the `known` words as drafts (per row, words other members proposed, by this
+    member's continuation ids), each later step feeds only each open branch's next token. A branch
+    walks on through the tree while its greedy next token is a node there, so completing a word some
+    member already proposed costs no further forward. (Prompt-lookup drafts as well saved ~10 % of
+    these forwards but tripled their tokens: slower on CPU.) Logits are computed at the branch ends
+    and the drafts below them only (only drafts a branch can walk into are fed), and the tree is
+    discarded; with `keep_tree` the tree also holds every known word and the words completed so far,
+    every node gets logits, and the tree stays open (also for rows whose branches were all done) for
     `candidate_logprobs` to score from and `commit_chosen` to keep the chosen word. `started`: rows
     whose branches (of the same firsts, at the same state) were already advanced elsewhere.
     Returns (row -> words aligned with firsts, the open tree or None)."""
     member, state = view.member, view.state
+    B = state.batch_size
     started = started or {}
     branches = {b: started[b] if b in started else Branches(member, firsts[b], max_word_tokens) for b in rows}
     drafts = {b: [continuation_ids(view, b, w) for w in (known or {}).get(b, []) if w] for b in rows}
-    tree = None
+    built = TreeBuilder(B)  # the tree open in `state`, grown by each step's forward
+    fed = [0] * B           # per row, nodes of `built` already fed
+    logits_of: dict[tuple[int, int], torch.Tensor] = {}
     while not all(branches[b].done for b in rows):
-        built = TreeBuilder(state.batch_size)
-        ends: list[list[int]] = [[] for _ in range(state.batch_size)]
+        ends: list[list[int]] = [[] for _ in range(B)]
         for b in rows:
             bs = branches[b]
-            open_branches = [bs.tokens[i] for i in bs.open()]
-            for ids in drafts[b]:  # without keep_tree, only drafts a branch can walk into
-                if keep_tree or any(ids[: len(br)] == br for br in open_branches):
-                    built.add(b, ids)
+            if not any(fed):  # drafts go into the first forward; without keep_tree only those a branch can walk into
+                open_branches = [bs.tokens[i] for i in bs.open()]
+                for ids in drafts[b]:
+                    if keep_tree or any(ids[: len(br)] == br for br in open_branches):
+                        built.add(b, ids)
             for i, word in enumerate(bs.words):
                 if word is None:
                     ends[b].append(built.add(b, bs.tokens[i]))
                 elif keep_tree and word:
                     built.add(b, continuation_ids(view, b, word))
-        trie, parents = built.trie, built.parents
-        if keep_tree:
-            tree = OpenTree(trie, state.forward_tree(built.tokens, parents))
-            logits, col = tree.logits, None
-        else:  # LM head only where a walk can go: the branch ends and the nodes below them
-            at = [sorted(below(parents[b], ends[b])) for b in range(state.batch_size)]
-            logits = state.forward_tree(built.tokens, parents, logits_at=at)
-            state.accept([[] for _ in range(state.batch_size)])
-            col = {(b, node): k for b in rows for k, node in enumerate(at[b])}
+        tokens = [built.tokens[b][fed[b]:] for b in range(B)]
+        parents = [built.parents[b][fed[b]:] for b in range(B)]
+        # LM head: every node with keep_tree, else only where a walk can go (branch ends and below)
+        at = None if keep_tree else [[n for n in sorted(below(built.parents[b], ends[b])) if n >= fed[b]]
+                                     for b in range(B)]
+        logits = state.forward_tree(tokens, parents, logits_at=at, extend=any(fed))
+        for b in range(B):
+            for k, node in enumerate(range(fed[b], len(built.tokens[b])) if at is None else at[b]):
+                logits_of[(b, node)] = logits[b, k]
+        fed = [len(t) for t in built.tokens]
         for b in rows:
             bs = branches[b]
             for i in bs.open():
-                node = trie_path(trie[b], bs.tokens[i])[-1]
+                node = trie_path(built.trie[b], bs.tokens[i])[-1]
                 # walk on while the greedy next token is a node with logits
-                while node is not None and (col is None or (b, node) in col):
-                    nxt = int(logits[b, node if col is None else col[(b, node)]].argmax())
+                while node is not None and (b, node) in logits_of:
+                    nxt = int(logits_of[(b, node)].argmax())
                     if not bs.step(i, nxt):
                         break
-                    node = trie[b].get((node, nxt))
+                    node = built.trie[b].get((node, nxt))
+    tree = None
+    if any(fed):
+        if keep_tree:
+            tree = OpenTree(built.trie, logits_of, state.open_tree_serial)
+        else:
+            state.accept([[] for _ in range(B)])
     return {b: branches[b].result() for b in rows}, tree
 
 
