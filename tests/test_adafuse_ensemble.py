@@ -134,6 +134,31 @@ def test_scoring_is_at_most_one_forward_per_member_per_round(spacey, monkeypatch
     assert all(max(fw) <= 1 for _, fw, _, _ in commits) and sum(sum(fw) for _, fw, _, _ in commits) < len(commits)
 
 
+def test_scoring_feeds_only_candidates_missing_from_the_completion_tree(spacey, monkeypatch):
+    """A non-lead's completion tree stays open: scoring extends it by the candidates it lacks
+    (the other members' words), so it feeds fewer tokens than a tree of all candidates."""
+    from adafuse.methods.word_level import TreeBuilder, continuation_ids
+    fed, full = [], []
+    score = WordFusion.candidate_logprobs
+
+    def counting(self, rows, cands):
+        m = 1 - self.lead
+        built = TreeBuilder(len(self.texts))
+        for b in rows:
+            for c in cands[b]:
+                if not c.eos:
+                    built.add(b, continuation_ids(self.views[m], b, c.text))
+        before = self.members[m].counters.tokens_processed
+        result = score(self, rows, cands)
+        fed.append(self.members[m].counters.tokens_processed - before)
+        full.append(sum(len(t) for t in built.tokens))
+        return result
+
+    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    Ensemble(list(spacey), method="word-fixed", max_word_tokens=4).generate(PROMPTS, max_new_tokens=10)
+    assert all(f <= n for f, n in zip(fed, full)) and sum(fed) < sum(full)
+
+
 @pytest.mark.parametrize("lead", [0, 1])
 def test_lead_scores_from_its_completion_tree(scripted, monkeypatch, lead):
     """The lead completes its words last, through a tree holding the other members' candidates: when

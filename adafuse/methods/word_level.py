@@ -562,11 +562,11 @@ class WordFusion:
                            ) -> list[dict[int, list[torch.Tensor]]]:
         """Per member, per row, per candidate: the member's log-probs of its own tokens of the
         candidate given the row's committed text (an EOS candidate: log p(any EOS of the member)).
-        A member whose open completion tree (`propose`) holds every candidate is scored from it;
-        the others make one tree forward for all rows and candidates (the same forward
-        `KVState.score` makes, candidates sharing a token prefix sharing its nodes). The tree stays
-        open so that `commit_chosen` can keep the chosen branch without another forward (any other
-        state operation discards it)."""
+        Each member's open completion tree (`propose`) is extended by the candidates it does not hold
+        yet, in one forward for all rows (none when it holds them all, as the lead's usually does;
+        candidates sharing a token prefix share its nodes). The tree stays open so that
+        `commit_chosen` can keep the chosen branch without another forward (any other state
+        operation discards it)."""
         out = []
         self._tree_paths: list[dict[tuple[int, int], list[int]]] = []
         open_trees = self._open_trees
@@ -574,18 +574,17 @@ class WordFusion:
             state = view.state
             ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
             tree = open_trees.get(m)
-            paths: dict[tuple[int, int], list[int]] | None = None
-            if tree is not None and tree.serial is not None and state.open_tree_serial == tree.serial:
-                found = {key: tree.path(key[0], t) for key, t in ids.items()}
-                if all(p is not None and all((key[0], n) in tree.logits for n in p[:-1]) for key, p in found.items()):
-                    paths, node_logits = found, tree.logits
-            if paths is None:
-                built = TreeBuilder(len(self.texts))  # candidates sharing a prefix share its nodes
-                for (b, _), t in ids.items():
-                    built.add(b, t)
-                paths = {key: trie_path(built.trie[key[0]], t) for key, t in ids.items()}
-                logits = state.forward_tree(built.tokens, built.parents) if any(built.tokens) else None
-                node_logits = {(b, n): logits[b, n] for b in rows for n in range(len(built.tokens[b]))}
+            if tree is None or not tree.is_open_in(state):
+                tree = OpenTree(TreeBuilder(len(self.texts)), {}, None)
+            fed = tree.fed
+            for (b, _), t in ids.items():  # candidates sharing a prefix share its nodes
+                tree.built.add(b, t)
+            paths = {key: trie_path(tree.built.trie[key[0]], t) for key, t in ids.items()}
+            if any(n < fed[key[0]] and (key[0], n) not in tree.logits for key, p in paths.items() for n in p):
+                tree = OpenTree(tree.built, {}, None)  # re-feed all (not needed for `complete_words` trees)
+            if any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed)):
+                tree.grow(state, rows)
+            node_logits = tree.logits
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
             eos_ids = sorted(view.member.eos_token_ids)
             per_row: dict[int, list[torch.Tensor]] = {}
@@ -669,15 +668,35 @@ def continuation_ids(view: MemberText, row: int, text: str) -> list[int]:
 
 @dataclass
 class OpenTree:
-    """A member's token tree still open in its state (`KVState.open_tree_serial` == `serial`): per row,
-    the trie (parent node, token) -> node of the fed tokens, and the logits after each node that has
-    them, (row, node) -> [V]."""
-    trie: list[dict[tuple[int, int], int]]
+    """A member's token tree still open in its state (`KVState.open_tree_serial` == `serial`; None: not
+    fed yet): its nodes (`TreeBuilder`: per row, trie (parent node, token) -> node, in the order fed)
+    and the logits after each node that has them, (row, node) -> [V]."""
+    built: "TreeBuilder"
     logits: dict[tuple[int, int], torch.Tensor]
     serial: int | None
+    fed_counts: list[int] | None = None  # per row, nodes of `built` fed so far
 
-    def path(self, row: int, ids: Sequence[int]) -> list[int] | None:
-        return trie_path(self.trie[row], ids)
+    def is_open_in(self, state: KVState) -> bool:
+        return self.serial is not None and state.open_tree_serial == self.serial
+
+    def grow(self, state: KVState, rows: Sequence[int], logits_at: list[list[int]] | None = None) -> None:
+        """Feed the nodes added to `built` since the last call (one forward; a fresh tree in `state`
+        unless this one is open there) and record their logits (all, or only `logits_at`)."""
+        built, B = self.built, state.batch_size
+        fed = self.fed
+        tokens = [built.tokens[b][fed[b]:] for b in range(B)]
+        parents = [built.parents[b][fed[b]:] for b in range(B)]
+        logits = state.forward_tree(tokens, parents, logits_at=logits_at, extend=self.is_open_in(state))
+        self.serial = state.open_tree_serial
+        for b in range(B):
+            for k, node in enumerate(range(fed[b], len(built.tokens[b])) if logits_at is None else logits_at[b]):
+                self.logits[(b, node)] = logits[b, k]
+        self.fed_counts = [len(t) for t in built.tokens]
+
+    @property
+    def fed(self) -> list[int]:
+        """Per row, nodes of `built` already in the open tree."""
+        return list(self.fed_counts) if self.fed_counts is not None else [0] * len(self.built.tokens)
 
 
 def trie_path(trie: dict[tuple[int, int], int], ids: Sequence[int]) -> list[int] | None:
@@ -792,10 +811,10 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
     started = started or {}
     branches = {b: started[b] if b in started else Branches(member, firsts[b], max_word_tokens) for b in rows}
     drafts = {b: [continuation_ids(view, b, w) for w in (known or {}).get(b, []) if w] for b in rows}
-    built = TreeBuilder(B)  # the tree open in `state`, grown by each step's forward
-    fed = [0] * B           # per row, nodes of `built` already fed
-    logits_of: dict[tuple[int, int], torch.Tensor] = {}
+    tree = OpenTree(TreeBuilder(B), {}, None)  # grown by each step's forward
+    built = tree.built
     while not all(branches[b].done for b in rows):
+        fed = tree.fed
         ends: list[list[int]] = [[] for _ in range(B)]
         for b in rows:
             bs = branches[b]
@@ -809,33 +828,20 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                     ends[b].append(built.add(b, bs.tokens[i]))
                 elif keep_tree and word:
                     built.add(b, continuation_ids(view, b, word))
-        tokens = [built.tokens[b][fed[b]:] for b in range(B)]
-        parents = [built.parents[b][fed[b]:] for b in range(B)]
         # LM head: every node with keep_tree, else only where a walk can go (branch ends and below)
-        at = None if keep_tree else [[n for n in sorted(below(built.parents[b], ends[b])) if n >= fed[b]]
-                                     for b in range(B)]
-        logits = state.forward_tree(tokens, parents, logits_at=at, extend=any(fed))
-        for b in range(B):
-            for k, node in enumerate(range(fed[b], len(built.tokens[b])) if at is None else at[b]):
-                logits_of[(b, node)] = logits[b, k]
-        fed = [len(t) for t in built.tokens]
+        tree.grow(state, rows, None if keep_tree else
+                  [[n for n in sorted(below(built.parents[b], ends[b])) if n >= fed[b]] for b in range(B)])
         for b in rows:
             bs = branches[b]
             for i in bs.open():
                 node = trie_path(built.trie[b], bs.tokens[i])[-1]
                 # walk on while the greedy next token is a node with logits
-                while node is not None and (b, node) in logits_of:
-                    nxt = int(logits_of[(b, node)].argmax())
+                while node is not None and (b, node) in tree.logits:
+                    nxt = int(tree.logits[(b, node)].argmax())
                     if not bs.step(i, nxt):
                         break
                     node = built.trie[b].get((node, nxt))
-    tree = None
-    if any(fed):
-        if keep_tree:
-            tree = OpenTree(built.trie, logits_of, state.open_tree_serial)
-        else:
-            state.accept([[] for _ in range(B)])
-    return {b: branches[b].result() for b in rows}, tree
+    return {b: branches[b].result() for b in rows}, (tree if tree.serial is not None else None)
 
 
 def round_stats(trace: Sequence[Round], text: str) -> dict[str, Any]:
