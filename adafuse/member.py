@@ -6,7 +6,8 @@ supports:
 - `append(tokens)`            commit tokens to each row (one forward), returns their logits;
 - `next_probs(...)`           next-token distribution after warping (temperature / top-k / top-p);
 - `forward_tree(tokens, parents)` + `accept(paths)`  score a token tree in one forward (tree mask,
-                               per-node positions) and keep only the accepted path;
+                               per-node positions) and keep only the accepted path; with
+                               `extend=True` a later forward grows the open tree by new nodes only;
 - `score(continuations)`      log-probs of several continuations per row in one forward, no commit;
 - `rollback(lengths)`         shorten rows.
 
@@ -644,11 +645,6 @@ class KVState:
         """A number that identifies the open tree (None if none is open); it changes with every
         new tree, not when the tree is extended."""
         return self._tree.serial if self._tree is not None else None
-
-    @property
-    def open_tree_logits(self) -> torch.Tensor | None:
-        """The logits of the open tree's last forward (None if no tree is open)."""
-        return self._tree.blocks[-1].logits if self._tree is not None and self._tree.blocks else None
 
     def _discard_tree(self) -> None:
         if self._tree is not None:

@@ -583,7 +583,7 @@ class WordFusion:
             if any(n < fed[key[0]] and (key[0], n) not in tree.logits for key, p in paths.items() for n in p):
                 tree = OpenTree(tree.built, {}, None)  # re-feed all (not needed for `complete_words` trees)
             if any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed)):
-                tree.grow(state, rows)
+                tree.grow(state)
             node_logits = tree.logits
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
             eos_ids = sorted(view.member.eos_token_ids)
@@ -679,7 +679,7 @@ class OpenTree:
     def is_open_in(self, state: KVState) -> bool:
         return self.serial is not None and state.open_tree_serial == self.serial
 
-    def grow(self, state: KVState, rows: Sequence[int], logits_at: list[list[int]] | None = None) -> None:
+    def grow(self, state: KVState, logits_at: list[list[int]] | None = None) -> None:
         """Feed the nodes added to `built` since the last call (one forward; a fresh tree in `state`
         unless this one is open there) and record their logits (all, or only `logits_at`)."""
         built, B = self.built, state.batch_size
@@ -800,10 +800,11 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
     walks on through the tree while its greedy next token is a node there, so completing a word some
     member already proposed costs no further forward. (Prompt-lookup drafts as well saved ~10 % of
     these forwards but tripled their tokens: slower on CPU.) Logits are computed at the branch ends
-    and the drafts below them only (only drafts a branch can walk into are fed), and the tree is
-    discarded; with `keep_tree` the tree also holds every known word and the words completed so far,
-    every node gets logits, and the tree stays open (also for rows whose branches were all done) for
-    `candidate_logprobs` to score from and `commit_chosen` to keep the chosen word. `started`: rows
+    and the drafts below them only (only drafts a branch can walk into are fed); with `keep_tree`
+    the tree also holds every known word and the words completed so far, and every node gets logits
+    (the lead: its tree usually holds every candidate). The tree stays open in the state (returned as
+    an `OpenTree`) for `candidate_logprobs` to score from or extend and `commit_chosen` to keep the
+    chosen word. `started`: rows
     whose branches (of the same firsts, at the same state) were already advanced elsewhere.
     Returns (row -> words aligned with firsts, the open tree or None)."""
     member, state = view.member, view.state
@@ -829,7 +830,7 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                 elif keep_tree and word:
                     built.add(b, continuation_ids(view, b, word))
         # LM head: every node with keep_tree, else only where a walk can go (branch ends and below)
-        tree.grow(state, rows, None if keep_tree else
+        tree.grow(state, None if keep_tree else
                   [[n for n in sorted(below(built.parents[b], ends[b])) if n >= fed[b]] for b in range(B)])
         for b in rows:
             bs = branches[b]
