@@ -476,3 +476,16 @@ def test_tree_descendants():
     parents = [-1, 0, 1, -1, 3, 0]
     assert below(parents, [1]) == {1, 2} and below(parents, [0]) == {0, 1, 2, 5}
     assert below(parents, [3, 2]) == {2, 3, 4} and below(parents, []) == set()
+
+
+@pytest.mark.parametrize("script", [" 16*16 = 256 ok", " 16*16 = 256 ok fine then"])
+def test_speculative_trace_records_a_confident_eos_at_a_word_start(script):
+    """EOS right after a (forced) ensembled word starts the lead's next speculative chunk: the trace
+    records it as the plain path does (an empty confident word that chose <eos>)."""
+    a = scripted_member(bpe_tokenizer(), script, P, "bpe-script")
+    b = scripted_member(char_tokenizer(), script, P, "char-script")
+    plain = Ensemble([a, b], lead=0).generate([P], max_new_tokens=200)[0]
+    spec = Ensemble([a, b], lead=0, drafters=["lookup", "lookup"]).generate([P], max_new_tokens=200)[0]
+    assert plain.text == spec.text == script
+    view = [[(r.kind, r.units, r.gate, r.chosen) for r in o.trace] for o in (plain, spec)]
+    assert view[0] == view[1]

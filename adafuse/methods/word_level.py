@@ -441,9 +441,8 @@ class WordFusion:
 
         while j < len(ids):
             tok = ids[j]
-            if tok in member.eos_token_ids:
-                if text:
-                    words.append((text, margin))
+            if tok in member.eos_token_ids:  # (at a word start: an empty word, as the plain path records it)
+                words.append((text, margin))
                 return words, j, True
             new = member.decode(cur + [tok])
             end = word_end(new)
