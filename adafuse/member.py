@@ -631,12 +631,10 @@ class KVState:
         vocab = tree.blocks[0].logits.shape[-1] if tree.blocks else self.member.vocab_size
         out = torch.zeros(self.batch_size, width, vocab, dtype=torch.float32, device=self.member.device)
         for b, row in enumerate(nodes):
-            for k in range(width):
-                if not row:
-                    break
-                found = tree.logits_of(b, row[min(k, len(row) - 1)])
+            for k, node in enumerate(list(row) + list(row[-1:]) * (width - len(row))):
+                found = tree.logits_of(b, node)
                 if found is None:
-                    raise RuntimeError(f"row {b}: node {row[min(k, len(row) - 1)]} of the open tree has no logits")
+                    raise RuntimeError(f"row {b}: node {node} of the open tree has no logits")
                 out[b, k] = found
         return out
 
