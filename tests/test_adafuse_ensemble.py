@@ -339,6 +339,33 @@ def test_batched_run_equals_per_row_runs(spacey, temperature):
         assert [r.chosen for r in single.trace] == [r.chosen for r in batched[b].trace]
 
 
+@pytest.mark.parametrize("threshold, stop", [(0.02, []), (0.05, [" a"]), (0.0, [])])
+def test_confident_rows_run_on_through_word_boundaries(spacey, monkeypatch, threshold, stop):
+    """A confident row goes on into its next word in the same lead forwards wherever one word per
+    step would decode that word confidently (gate, span, length, stop string, canonical boundary,
+    also after a max_word_tokens cut), instead of waiting at each word boundary for the batch's
+    longest word: same texts, token counts and traces as one word per step, fewer lead forwards."""
+    lead = spacey[0]
+    prompts = PROMPTS + ["Once upon", "Q: 2+2?\nA:"]
+
+    def run():
+        snap = lead.counters.snapshot()
+        outs = Ensemble(list(spacey), threshold=threshold, span=3, max_word_tokens=4).generate(
+            prompts, max_new_tokens=14, stop=stop)
+        view = [(o.text, o.num_tokens, o.finish_reason, [(r.kind, r.units, r.gate, r.chosen) for r in o.trace])
+                for o in outs]
+        return view, lead.cost_since(snap).forward_passes[lead.name]
+
+    run_on, forwards = run()
+    monkeypatch.setattr(WordFusion, "_next_word", lambda self, *a: "stop")  # one word per step
+    per_step, forwards_per_step = run()
+    assert run_on == per_step
+    assert any(len(r[1]) > 1 for o in run_on for r in o[3] if r[0] == "confident")
+    assert forwards <= forwards_per_step
+    if threshold == 0.02:
+        assert forwards < forwards_per_step
+
+
 def test_sampling_is_reproducible(spacey):
     ens = Ensemble(list(spacey), threshold=0.05, max_word_tokens=6)
     a = ens.generate([P], max_new_tokens=12, temperature=1.0, seed=1)[0].text

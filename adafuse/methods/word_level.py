@@ -7,7 +7,8 @@ m = p1 - p2. A step advances the confident rows by one word each while the other
 row is confident, every row ensembles one word together (one set of member forwards for the batch):
 - confident (m >= threshold and fewer than `span` words committed since the last ensembled word):
   the lead decodes one word on its own (greedy at temperature 0) and the next word start is checked
-  again. After `span` confident words in a row the next word is ensembled ("forced"), so at most
+  again; a row goes on with that word in the same step (same forwards) wherever it would be decoded
+  confidently next, so confident rows of a batch do not wait at every word boundary. After `span` confident words in a row the next word is ensembled ("forced"), so at most
   `span` words are ever committed without the other members' say; span=0 ensembles every word.
 - uncertain: each member proposes its top-`candidates` first tokens, each completed greedily to the
   word boundary (all of a member's branches of all rows in one tree forward per step; a branch walks
@@ -264,7 +265,7 @@ class WordFusion:
         view = self.views[self.lead]
         member = view.member
         if self.speculators[self.lead] is None:
-            words = {b: ([(w, margins[b])], eos) for b, (w, eos) in self._decode_word(view, rows, waiting).items()}
+            words = self._decode_word(view, rows, margins, waiting)
         else:
             words = self._speculative_words(rows, margins)
         pieces = ["" for _ in self.texts]
@@ -294,21 +295,45 @@ class WordFusion:
                 self.finish[b] = "eos"
             self._check_length(b)
 
-    def _decode_word(self, view: MemberText, rows: list[int], waiting: Sequence[int] = ()
-                     ) -> dict[int, tuple[str, bool]]:
-        """The lead decodes one word per row straight into its cache, stopping *before* a token that
-        starts the next word (so the state ends at the word boundary, ready for the next gate).
-        The same forwards advance the lead's candidate words of the `waiting` rows (`Branches`, as a
-        tree beside the committed tokens), so their ensembled word needs fewer lead forwards.
-        Returns row -> (word text, hit EOS)."""
+    def _decode_word(self, view: MemberText, rows: list[int], margins: dict[int, float],
+                     waiting: Sequence[int] = ()) -> dict[int, tuple[list[tuple[str, float]], bool]]:
+        """The lead decodes confident words straight into its cache. A word ends *before* a token
+        that starts the next word; where the one-word-per-step schedule would decode that next word
+        confidently from this exact state (`_next_word`: gate, span, length, stop strings, canonical
+        boundary), the row goes on with that token in the same forwards, so rows of a batch are not
+        held at every word boundary by the row with the longest word. The state of a row that stops
+        ends at the word boundary, ready for the next gate. Output equals one word per step (greedy;
+        sampled rows keep the boundary token they drew instead of drawing it again).
+        The same forwards advance the lead's candidate words of the `waiting` rows, and of rows that
+        stop here for an ensembled word (`Branches`, as a tree beside the committed tokens), so their
+        ensembled word needs fewer lead forwards.
+        Returns row -> ([(word, gate margin at its start)], hit EOS)."""
         member, state = view.member, view.state
         if waiting:
             firsts, _ = self._firsts(view, [b for b in waiting if b not in self._lead_branches])
             for b, f in firsts.items():
                 self._lead_branches[b] = Branches(member, f, self.config.max_word_tokens)
-        ids: dict[int, list[int]] = {b: [] for b in rows}
+        have = {b: view.output_ids(b) for b in rows}  # + fed[b]: the row's output ids in the cache
+        fed: dict[int, list[int]] = {b: [] for b in rows}
+        words: dict[int, list[tuple[str, float]]] = {b: [] for b in rows}
+        ids: dict[int, list[int]] = {b: [] for b in rows}   # of the word being decoded
         text: dict[int, str] = {b: "" for b in rows}
-        out: dict[int, tuple[str, bool]] = {}
+        margin = {b: margins[b] for b in rows}
+        out: dict[int, tuple[list[tuple[str, float]], bool]] = {}
+        riders: list[int] = []  # rows that just stopped for an ensembled word
+
+        def at_word_start(b: int, gate: float) -> bool:
+            """Row b's last word is complete and the next starts here with margin `gate`: True to
+            go on with it in this step, else the row is done here."""
+            nxt = self._next_word(b, words[b], have[b] + fed[b], gate)
+            if nxt == "confident":
+                ids[b], text[b], margin[b] = [], "", gate
+                return True
+            out[b] = (words[b], False)
+            if nxt == "ensemble":
+                riders.append(b)
+            return False
+
         live = list(rows)
         while live:
             probs = state.next_probs(self.temperature if self.temperature > 0 else 0.0)
@@ -316,35 +341,71 @@ class WordFusion:
                 toks = {b: int(sample(probs[b: b + 1], [self._row_gen(b)] if self.gens else None)) for b in live}
             else:
                 toks = {b: int(probs[b].argmax()) for b in live}
+            gates: list[float] | None = None
             feed: list[list[int]] = [[] for _ in self.texts]
-            still = []
+            still, cut = [], []
             for b in live:
                 tok = toks[b]
                 if tok in member.eos_token_ids:
-                    out[b] = (text[b], True)
+                    words[b].append((text[b], margin[b]))
+                    out[b] = (words[b], True)
                     continue
                 new = member.decode(ids[b] + [tok])
                 end = word_end(new)
-                if end is not None and end <= len(text[b]) and ids[b]:
-                    out[b] = (text[b], False)  # tok starts the next word: leave it out
-                    continue
+                if end is not None and end <= len(text[b]) and ids[b]:  # tok starts the next word
+                    words[b].append((text[b], margin[b]))
+                    if gates is None:
+                        gates = top2_margin(state.next_probs(1.0)).tolist()
+                    if not at_word_start(b, gates[b]):
+                        continue  # tok is left out: the next step gates here
+                    new = member.decode([tok])
+                    end = word_end(new)
                 ids[b].append(tok)
+                fed[b].append(tok)
                 feed[b] = [tok]
                 if end is not None:  # tok straddles the boundary: keep the word's part of it
-                    out[b] = (new[:end], False)
+                    words[b].append((new[:end], margin[b]))
+                    out[b] = (words[b], False)
                     continue
                 text[b] = new
-                if len(ids[b]) >= self.config.max_word_tokens:
-                    out[b] = (new, False)
+                if len(ids[b]) >= self.config.max_word_tokens:  # cut here; gated after this forward
+                    words[b].append((new, margin[b]))
+                    cut.append(b)
                     continue
                 still.append(b)
+            if riders:  # rows now waiting for an ensembled word ride the forwards left in this step
+                firsts, _ = self._firsts(view, riders)
+                for b, f in firsts.items():
+                    self._lead_branches[b] = Branches(member, f, self.config.max_word_tokens)
+                waiting = list(waiting) + riders
+                riders.clear()
             ride = [b for b in waiting if not self._lead_branches[b].done]
             if ride and any(feed):
                 self._ride(state, feed, ride)
             elif any(feed):
                 state.append(feed, return_logits=False)
-            live = still
+            if cut:
+                gates = top2_margin(state.next_probs(1.0)).tolist()
+                still += [b for b in cut if at_word_start(b, gates[b])]
+            live = sorted(still)
         return out
+
+    def _next_word(self, b: int, words: Sequence[tuple[str, float]], ids: list[int], margin: float) -> str:
+        """What the one-word-per-step schedule would do next for row b, after the lead decoded
+        `words` ((text, margin) pairs) in this step and its cache now holds output ids `ids`, with
+        the next word start's gate `margin`: "stop" when the row finishes (length, stop string) or
+        `ids` are not the canonical encoding of the text (the boundary is repaired first, which may
+        change the state); else "confident" (gate passed, span not used up) or "ensemble"."""
+        cfg = self.config
+        if len(ids) >= self.max_new_tokens:
+            return "stop"
+        start = len(self.texts[b])
+        full = self.texts[b] + "".join(w for w, _ in words)
+        if any(full.find(s, max(0, start - len(s) + 1)) >= 0 for s in self.stop):
+            return "stop"
+        if self.members[self.lead].encode(full) != ids:
+            return "stop"
+        return "confident" if margin >= cfg.threshold and self.streak[b] + len(words) < cfg.span else "ensemble"
 
     def _ride(self, state: KVState, feed: list[list[int]], ride: Sequence[int]) -> None:
         """One lead forward that commits `feed` (one token per confident row) and advances the open
@@ -401,7 +462,7 @@ class WordFusion:
         last: dict[int, torch.Tensor] = {}
         missing: list[list[int]] = [[] for _ in range(state.batch_size)]
         for b in rows:
-            words, n_keep, eos = self._walk_chunk(b, new_ids[b], sources[b][1:], margins[b], budget[b])
+            words, n_keep, eos = self._walk_chunk(b, new_ids[b], sources[b][1:], margins[b])
             out[b] = (words, eos)
             committed = len(new_ids[b]) - int(uncommitted[b])
             keep[b] = before[b] + min(n_keep, committed)
@@ -416,8 +477,8 @@ class WordFusion:
             state.append(missing, return_logits=False)
         return out
 
-    def _walk_chunk(self, b: int, ids: list[int], after: list[torch.Tensor], first_margin: float,
-                    budget: int) -> tuple[list[tuple[str, float]], int, bool]:
+    def _walk_chunk(self, b: int, ids: list[int], after: list[torch.Tensor], first_margin: float
+                    ) -> tuple[list[tuple[str, float]], int, bool]:
         """Split a speculatively decoded chunk into the words the plain path would have committed.
         Returns (words with their gate margins, tokens to keep, hit EOS)."""
         cfg = self.config
@@ -431,13 +492,10 @@ class WordFusion:
         def accept_boundary(n_tokens: int) -> float | None:
             """After a word that ends at token n_tokens: the next word's margin if the plain path
             would continue confidently from this exact state, else None."""
-            committed = view.texts[b] + "".join(w for w, _ in words)
-            if member.encode(committed) != have + ids[:n_tokens]:
-                return None  # the plain path would repair the boundary here
-            if len(have) + n_tokens >= self.max_new_tokens or len(words) >= budget or n_tokens > len(after):
+            if n_tokens > len(after):
                 return None
             m = float(top2_margin(torch.softmax(after[n_tokens - 1].float(), -1)[None])[0])
-            return m if m >= cfg.threshold else None
+            return m if self._next_word(b, words, have + ids[:n_tokens], m) == "confident" else None
 
         while j < len(ids):
             tok = ids[j]
