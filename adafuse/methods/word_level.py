@@ -8,8 +8,9 @@ row is confident, every row ensembles one word together (one set of member forwa
 - confident (m >= threshold and fewer than `span` words committed since the last ensembled word):
   the lead decodes one word on its own (greedy at temperature 0) and the next word start is checked
   again; a row goes on with that word in the same step (same forwards) wherever it would be decoded
-  confidently next, so confident rows of a batch do not wait at every word boundary. After `span` confident words in a row the next word is ensembled ("forced"), so at most
-  `span` words are ever committed without the other members' say; span=0 ensembles every word.
+  confidently next, so confident rows of a batch do not wait at every word boundary. After `span`
+  confident words in a row the next word is ensembled ("forced"), so at most `span` words are ever
+  committed without the other members' say; span=0 ensembles every word.
 - uncertain: each member proposes its top-`candidates` first tokens, each completed greedily to the
   word boundary (all of a member's branches of all rows in one tree forward per step; a branch walks
   on through draft nodes in that tree, the words members before it proposed, as long as its greedy
