@@ -3,8 +3,9 @@ off: every word is ensembled). See docs/algorithms.md §2.
 
 Rows of a batch advance in *steps*; at each step every unfinished row sits at a word start (see
 `adafuse.words`) and the lead member's next-token distribution there gives the gate margin
-m = p1 - p2. A step advances the confident rows by one or more words each while the other rows wait; when no
-row is confident, every row ensembles one word together (one set of member forwards for the batch):
+m = p1 - p2. A step advances the confident rows by one or more words each while the other rows
+wait; when no row is confident, every row ensembles one word together (one set of member forwards
+for the batch):
 - confident (m >= threshold and fewer than `span` words committed since the last ensembled word):
   the lead decodes one word on its own (greedy at temperature 0) and the next word start is checked
   again; a row goes on with that word in the same step (same forwards) wherever it would be decoded
