@@ -1,6 +1,6 @@
 """End to end on two real members with different tokenizers (SmolLM2 BPE + chat template, Gemma 3
 SentencePiece base model): adafuse runs, its text is its committed units, and a speculative lead
-(prompt lookup) gives the same greedy output."""
+(prompt lookup) gives the same greedy output, and a batch gives what each row gives alone."""
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -22,10 +22,16 @@ def test_adafuse_smollm2_gemma3(smollm2, gemma):
     from adafuse import Ensemble
 
     kw = dict(max_new_tokens=24, stop=["\n\nQuestion:"])
-    outs = Ensemble([smollm2, gemma], method="adafuse").generate(PROMPTS, **kw)
+    ensemble = Ensemble([smollm2, gemma], method="adafuse")
+    outs = ensemble.generate(PROMPTS, **kw)
     for out in outs:
         assert out.text.strip()
         assert "".join("".join(r.units) for r in out.trace) == out.text
         assert out.stats["rounds"] >= 1 and set(out.cost.forward_passes) == {smollm2.name, gemma.name}
+    for prompt, out in zip(PROMPTS, outs):  # a batch writes what each row writes alone
+        alone = ensemble.generate([prompt], **kw)[0]
+        assert alone.text == out.text
+        view = [[(r.kind, r.units, [g["decision"] for g in r.gate]) for r in o.trace] for o in (alone, out)]
+        assert view[0] == view[1]  # (margins agree to float rounding across batch shapes)
     spec = Ensemble([smollm2, gemma], method="adafuse", drafters=["lookup", None]).generate(PROMPTS, **kw)
     assert [o.text for o in spec] == [o.text for o in outs]
