@@ -22,6 +22,13 @@ def scripted():
 
 
 @pytest.fixture(scope="module")
+def bpe_pair():
+    """Two tiny LMs sharing one BPE: each other's words are often one token (scored from logits)."""
+    return (spacey_member("llama", bpe_tokenizer(), 2, "bpe-llama", 3.0),
+            spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0))
+
+
+@pytest.fixture(scope="module")
 def spacey():
     return (spacey_member("llama", char_tokenizer(), 0, "char-llama", 3.0),
             spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0))
@@ -212,8 +219,6 @@ def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead, method, mon
     completed greedily to the word end, and every score is the member's log-prob of the candidate's
     tokens: both recomputed from scratch (full re-encoding, no cache, no trees). With the gate on
     (a mixed batch), the lead's candidates of waiting rows are advanced in its confident forwards."""
-    from adafuse.scoring import normalised_score
-    from adafuse.text_state import MemberText
     rides = []
     ride = WordFusion._ride
     monkeypatch.setattr(WordFusion, "_ride", lambda self, *a: rides.append(1) or ride(self, *a))
@@ -222,14 +227,23 @@ def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead, method, mon
     outs = Ensemble(list(spacey), method=method, lead=lead, max_word_tokens=4,
                     calibration="none", **gate).generate(PROMPTS, max_new_tokens=12)
     assert (len(rides) > 0) == (method == "adafuse")
-    prompt_ids = [MemberText(m, PROMPTS, chat=None).prompt_ids for m in spacey]
+    assert rounds_checked_against_fresh_reference(spacey, outs, cfg) > 20
+
+
+def rounds_checked_against_fresh_reference(members, outs, cfg) -> int:
+    """Check every ensembled round of `outs` (generated from PROMPTS) against a reference recomputed
+    from scratch: candidates = each member's top-B first tokens completed greedily to the word end,
+    scores = the members' log-probs of each candidate. Returns how many scores were checked."""
+    from adafuse.scoring import normalised_score
+    from adafuse.text_state import MemberText
+    prompt_ids = [MemberText(m, PROMPTS, chat=None).prompt_ids for m in members]
     checked = 0
     for b, out in enumerate(outs):
         prefix = ""
         for r in out.trace:
             if r.kind == "ensemble" and r.chosen != "<eos>":
                 want = set()
-                for m, member in enumerate(spacey):
+                for m, member in enumerate(members):
                     ids = prompt_ids[m][b] + member.encode(prefix)
                     top = fresh_next_probs(member, ids).topk(cfg.candidates).indices.tolist()
                     want |= {naive_word(member, ids, t, cfg.max_word_tokens) for t in top
@@ -238,7 +252,7 @@ def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead, method, mon
                 for c in r.candidates:
                     if c.eos:
                         continue
-                    for m, member in enumerate(spacey):
+                    for m, member in enumerate(members):
                         have = member.encode(prefix)
                         full = member.encode(prefix + c.text)
                         cont = full[len(have):] if full[: len(have)] == have else member.encode(c.text)
@@ -247,7 +261,31 @@ def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead, method, mon
                         assert c.scores[member.name] == pytest.approx(ref, abs=2e-3)
                         checked += 1
             prefix += "".join(r.units)
-    assert checked > 20
+    return checked
+
+
+@pytest.mark.parametrize("lead", [0, 1])
+def test_one_token_candidates_are_scored_without_a_forward(bpe_pair, lead, monkeypatch):
+    """A token's log-prob needs only the logits after its parent, so a non-lead scores the candidates
+    it lacks from its last logits and open completion tree when each is one token for it (or lacks
+    only its last token there): no scoring forward; the chosen word reaches it with the next text it
+    receives. Candidates and scores still equal a fresh reference, and so does every member's cache."""
+    fws = []
+    score = WordFusion.candidate_logprobs
+
+    def counting(self, rows, cands):
+        m = 1 - self.lead
+        before = self.members[m].counters.forward_passes
+        result = score(self, rows, cands)
+        fws.append(self.members[m].counters.forward_passes - before)
+        return result
+
+    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    cfg = WordConfig(gate=False, max_word_tokens=4, calibration="none")
+    outs = Ensemble(list(bpe_pair), method="word-fixed", lead=lead, max_word_tokens=4,
+                    calibration="none").generate(PROMPTS, max_new_tokens=12)
+    assert fws.count(0) >= len(fws) // 3 and max(fws) <= 1
+    assert rounds_checked_against_fresh_reference(bpe_pair, outs, cfg) > 20
 
 
 def test_ensembled_words_of_all_rows_share_the_member_forwards(spacey, monkeypatch):
@@ -299,9 +337,11 @@ def fresh_next_probs(member, ids):
         return member.model(input_ids=torch.tensor([ids])).logits[0, -1].float().softmax(-1)
 
 
-def test_incremental_state_equals_fresh_encoding_after_every_round(spacey):
+@pytest.mark.parametrize("pair,lead", [("spacey", 0), ("bpe_pair", 0), ("bpe_pair", 1)])
+def test_incremental_state_equals_fresh_encoding_after_every_round(request, pair, lead):
+    spacey = request.getfixturevalue(pair)  # bpe_pair: chosen words often reach a member lazily
     cfg = WordConfig(threshold=0.05, span=2)
-    fusion = WordFusion(list(spacey), PROMPTS, cfg, weights=[1, 1], lead=0, chat=None, max_new_tokens=12,
+    fusion = WordFusion(list(spacey), PROMPTS, cfg, weights=[1, 1], lead=lead, chat=None, max_new_tokens=12,
                         stop=[], temperature=0.0, seed=None)
     rounds = 0
     while not fusion.done:

@@ -550,9 +550,8 @@ class WordFusion:
             for c, f in zip(cands[b], fused.tolist()):
                 c.fused = round(f, 4)
             picks[b] = choose(fused, self.temperature, self._row_gen(b))
-        self.commit_chosen(picks, cands)
+        holders = self.commit_chosen(picks, cands)
         self._lead_branches = {}
-        everyone = tuple(range(len(self.members)))
         for b in rows:
             chosen = cands[b][picks[b]]
             margin, decision = gates[b]
@@ -563,7 +562,7 @@ class WordFusion:
             if chosen.eos:
                 self.finish[b] = "eos"
                 continue
-            self._commit(b, chosen.text, held_by=everyone)
+            self._commit(b, chosen.text, held_by=holders[b])
             self._check_length(b)
 
     def _firsts(self, view: MemberText, rows: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, bool]]:
@@ -621,13 +620,17 @@ class WordFusion:
                            ) -> list[dict[int, list[torch.Tensor]]]:
         """Per member, per row, per candidate: the member's log-probs of its own tokens of the
         candidate given the row's committed text (an EOS candidate: log p(any EOS of the member)).
-        Each member's open completion tree (`propose`) is extended by the candidates it does not hold
-        yet, in one forward for all rows (none when it holds them all, as the lead's usually does;
-        candidates sharing a token prefix share its nodes). The tree stays open so that
-        `commit_chosen` can keep the chosen branch without another forward (any other state
-        operation discards it)."""
+        A token's log-prob needs the logits after its parent, so a candidate is scored from the
+        member's last logits and its open completion tree (`propose`) wherever the tree already
+        holds its tokens but the last (a word that is one token for the member needs no node at
+        all). Where that is not so for some candidate, the tree is extended by every candidate it
+        does not hold yet, in one forward for all rows (candidates sharing a token prefix share its
+        nodes). The lead's tree is always extended (its next gate needs the logits after the chosen
+        word); it usually holds every candidate already. The tree stays open so that `commit_chosen`
+        can keep the chosen branch without another forward (any other state operation discards it)."""
         out = []
         self._tree_paths: list[dict[tuple[int, int], list[int]]] = []
+        self._score_trees: list[OpenTree] = []
         open_trees = self._open_trees
         for m, view in enumerate(self.views):
             state = view.state
@@ -641,7 +644,8 @@ class WordFusion:
             paths = {key: trie_path(tree.built.trie[key[0]], t) for key, t in ids.items()}
             if any(n < fed[key[0]] and (key[0], n) not in tree.logits for key, p in paths.items() for n in p):
                 tree = OpenTree(tree.built, {}, None)  # re-feed all (not needed for `complete_words` trees)
-            if any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed)):
+            if any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed)) and (
+                    m == self.lead or not all((key[0], n) in tree.logits for key, p in paths.items() for n in p[:-1])):
                 tree.grow(state)
             node_logits = tree.logits
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
@@ -662,25 +666,37 @@ class WordFusion:
                     row.append(prev.gather(-1, tok[:, None]).squeeze(-1).cpu())
                 per_row[b] = row
             self._tree_paths.append(paths)
+            self._score_trees.append(tree)
             out.append(per_row)
         self._open_trees = {}
         return out
 
-    def commit_chosen(self, chosen: dict[int, int], cands: dict[int, list[Candidate]]) -> None:
-        """Every member keeps the chosen candidate's branch of its open scoring tree (no forward),
-        then its boundary is checked against the canonical encoding (`MemberText.sync`)."""
+    def commit_chosen(self, chosen: dict[int, int], cands: dict[int, list[Candidate]]) -> dict[int, list[int]]:
+        """Every member keeps the chosen candidate's branch of its open scoring tree (no forward)
+        where the tree holds all of it with the logits after its end, then its boundary is checked
+        against the canonical encoding (`MemberText.sync`). A non-lead whose tree lacks the chosen
+        word (it was scored without feeding its last token) gets it lazily with the next text it
+        receives (`flush`). Returns row -> the members that now hold the chosen text."""
+        holders: dict[int, list[int]] = {b: [] for b in chosen}
         for m, view in enumerate(self.views):
             paths: list[list[int]] = [[] for _ in self.texts]
+            state, tree = view.state, self._score_trees[m]
             for b, j in chosen.items():
-                if not cands[b][j].eos:
-                    paths[b] = self._tree_paths[m][(b, j)]
-            if view.state.open_tree_serial is not None:
-                view.state.accept(paths)
-            elif any(paths):
-                raise RuntimeError("commit_chosen() needs the trees of candidate_logprobs()")
+                if cands[b][j].eos:
+                    continue
+                path = self._tree_paths[m][(b, j)]
+                if tree.is_open_in(state) and (b, path[-1]) in tree.logits:  # (fed in order: so is the path)
+                    paths[b] = path
+                elif m == self.lead:
+                    raise RuntimeError("commit_chosen() needs the trees of candidate_logprobs()")
+            if state.open_tree_serial is not None:
+                state.accept(paths)
             for b, j in chosen.items():
-                view.texts[b] += cands[b][j].text
-            view.sync([b for b, j in chosen.items() if cands[b][j].text])
+                if paths[b] or not cands[b][j].text:
+                    holders[b].append(m)
+                    view.texts[b] += cands[b][j].text
+            view.sync([b for b, j in chosen.items() if paths[b]])
+        return holders
 
     # ---- whole run -------------------------------------------------------------------------
     def run(self, on_step: Callable[["WordFusion"], None] | None = None) -> list[GenerationOutput]:
