@@ -443,7 +443,8 @@ class KVState:
             head[rows, where] = valid.any(dim=1)
         else:
             logits_to_keep, head = 1, torch.zeros(B, 1, dtype=torch.bool)
-        with only_tokens(valid.to(device), head.to(device)):  # packed layers skip padding and unwanted logits
+        # "at" / "last" read a few positions: a packed head then returns only the wanted ones
+        with only_tokens(valid.to(device), head.to(device), compact_head=keep in ("at", "last")) as run:
             out = self.member.model(
                 input_ids=tok.to(device), attention_mask=attention_mask, position_ids=pos.to(device),
                 cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep,
@@ -452,15 +453,25 @@ class KVState:
         self.member.counters.tokens_processed += int(valid.sum())
         new_pos = torch.where(valid, pos, torch.full_like(pos, -1)).to(device)
         self.slot_pos = torch.cat([self.slot_pos, new_pos], dim=1)
+        logits = out.logits
+        if run.compacted:  # [1, n, V]: the wanted (row, kept position) pairs in row-major order
+            where_in = torch.zeros(head.shape, dtype=torch.long)
+            where_in[head] = torch.arange(int(head.sum()))
+            logits = logits[0]
         if keep == "all":
-            return out.logits.float(), S
+            return logits.float(), S
         if keep == "at":
             width = max((len(row) for row in at), default=0) or 1
             idx = torch.tensor([[col[int(row[min(k, len(row) - 1)])] if row else 0 for k in range(width)] for row in at],
-                               dtype=torch.long, device=out.logits.device)
-            return out.logits.gather(1, idx[:, :, None].expand(-1, -1, out.logits.shape[-1])).float(), S
+                               dtype=torch.long)
+            if run.compacted:
+                return logits[where_in.gather(1, idx).to(logits.device)].float(), S
+            idx = idx.to(logits.device)
+            return logits.gather(1, idx[:, :, None].expand(-1, -1, logits.shape[-1])).float(), S
         if keep == "last":
-            return out.logits[rows, where.to(out.logits.device)].float(), S
+            if run.compacted:
+                return logits[where_in[rows, where].to(logits.device)].float(), S
+            return logits[rows, where.to(logits.device)].float(), S
         return None, S
 
     # ---- public operations -----------------------------------------------------------------

@@ -14,11 +14,15 @@ weight is released, so packing costs no extra memory except for tied heads.
 `only_tokens(valid)`: inside this context, a packed layer whose input has the mask's leading shape
 [B, N] multiplies only the True positions and writes zeros at the others. Batches of rows with
 different numbers of new tokens (padded to the longest) then cost their real token count in every
-linear layer, which is where a CPU forward over several tokens spends its time.
+linear layer, which is where a CPU forward over several tokens spends its time. With
+`compact_head=True` the packed LM head returns only its wanted positions, [1, n, V] in row-major
+order, instead of scattering them into zeros: with a 262k vocabulary the zero-filled [B, K, V]
+tensor costs half as much as the head's matmul. The context's `HeadRun.compacted` says whether it did.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -39,23 +43,38 @@ def _as_subset(mask: torch.Tensor | None) -> tuple[torch.Size, torch.Tensor] | N
     return mask.shape, mask.reshape(-1).nonzero().squeeze(-1)
 
 
+@dataclass
+class HeadRun:
+    """What the packed LM head did inside one `only_tokens` block."""
+
+    compact: bool = False      # asked: return only the wanted positions
+    compacted: bool = False    # done: the logits are [1, n_wanted, V]
+
+
+_head_run: list[HeadRun] = [HeadRun()]
+
+
 @contextlib.contextmanager
-def only_tokens(valid: torch.Tensor, head: torch.Tensor | None = None) -> Iterator[None]:
+def only_tokens(valid: torch.Tensor, head: torch.Tensor | None = None, compact_head: bool = False) -> Iterator[HeadRun]:
     """Within the block, packed layers whose input has `valid`'s leading shape [B, N] compute only the
     True positions (zeros elsewhere); the packed LM head does the same with `head` ([B, K] bool over
-    the positions the model keeps logits for). All-True masks are no-ops. Not thread-safe (module
-    state)."""
+    the positions the model keeps logits for), or with `compact_head` returns just those positions
+    ([1, n, V], row-major; the yielded `HeadRun.compacted` is then True). All-True masks are no-ops.
+    Not thread-safe (module state)."""
     previous = dict(_subsets)
+    previous_run = _head_run[0]
     _subsets.clear()
     for role, mask in (("body", valid), ("head", head)):
         subset = _as_subset(mask)
         if subset is not None:
             _subsets[role] = subset
+    run = _head_run[0] = HeadRun(compact=compact_head)
     try:
-        yield
+        yield run
     finally:
         _subsets.clear()
         _subsets.update(previous)
+        _head_run[0] = previous_run
 
 
 def packing_available() -> bool:
@@ -87,6 +106,9 @@ class PackedLinear(nn.Module):
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.float().contiguous()
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        if subset is not None and self.role == "head" and _head_run[0].compact:
+            _head_run[0].compacted = True
+            return y.reshape(1, -1, self.out_features)
         if subset is not None:
             y = y.new_zeros(x.shape[:-1].numel(), self.out_features).index_copy_(0, subset[1], y)
         return y.reshape(*x.shape[:-1], self.out_features)

@@ -72,6 +72,12 @@ def test_only_tokens_computes_the_masked_rows_and_zeros_the_rest():
     assert bool((h[~want] == 0).all())
     torch.testing.assert_close(other_shape, lin(x[:, :4]), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(body(x), lin(x), atol=1e-5, rtol=1e-5)  # context gone
+    with only_tokens(valid, want, compact_head=True) as run:
+        compact = head(x[:, :2])
+        assert run.compacted
+    torch.testing.assert_close(compact, lin(x[:, :2])[want][None], atol=1e-5, rtol=1e-5)  # [1, 2, 40]
+    with only_tokens(valid, torch.ones_like(want), compact_head=True) as run:  # all wanted: as usual
+        assert head(x[:, :2]).shape == (3, 2, 40) and not run.compacted
 
 
 def test_pack_marks_the_lm_head():

@@ -18,13 +18,16 @@ for the batch):
   next token is there); the union of the candidate words (dedup
   by exact text) is scored by every member (all candidates of all rows in one tree forward per
   member; the lead completes last, with every other candidate in its tree, and is usually scored
-  from that tree at no further forward), normalised (`normalise`), fused across members with the
-  member weights (`calibration`), and the best is committed.
+  from that tree at no further forward; a non-lead needs no forward where every candidate it lacks
+  is one token for it, as a token's log-prob needs only the logits before it), normalised
+  (`normalise`), fused across members with the member weights (`calibration`), and the best is
+  committed.
 
 Text discipline: the shared committed text of a row is exactly the concatenation of its committed
 units. Each member's `MemberText` holds its own ids + KV cache of that text; members that were not
-needed in a step receive the committed text lazily (one forward at their next ensembled word), with
-longest-common-prefix boundary repair, so the prefix is never re-encoded.
+needed in a step, and non-leads that scored the chosen word without feeding it, receive the
+committed text lazily (one forward at their next ensembled word), with longest-common-prefix
+boundary repair, so the prefix is never re-encoded.
 
 Stopping: EOS of the lead (an EOS chosen confidently, or the lead's EOS candidate winning an
 ensembled word), a stop string (the text is cut before it), or `max_new_tokens` counted in *lead
