@@ -647,8 +647,9 @@ class WordFusion:
             paths = {key: trie_path(tree.built.trie[key[0]], t) for key, t in ids.items()}
             if any(n < fed[key[0]] and (key[0], n) not in tree.logits for key, p in paths.items() for n in p):
                 tree = OpenTree(tree.built, {}, None)  # re-feed all (not needed for `complete_words` trees)
-            if any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed)) and (
-                    m == self.lead or not all((key[0], n) in tree.logits for key, p in paths.items() for n in p[:-1])):
+            unfed = any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed))
+            scorable = all((key[0], n) in tree.logits for key, p in paths.items() for n in p[:-1])
+            if unfed and (m == self.lead or not scorable):
                 tree.grow(state)
             node_logits = tree.logits
             last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
