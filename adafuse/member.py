@@ -329,11 +329,11 @@ class KVState:
     """Token ids + KV cache of a batch of rows of one member. See the module docstring."""
 
     def __init__(self, member: Member, batch_size: int):
-        from transformers import DynamicCache
+        from adafuse.kv_cache import GrowableCache
 
         self.member = member
         self.batch_size = batch_size
-        self.cache = DynamicCache()
+        self.cache = GrowableCache()
         self.ids: list[list[int]] = [[] for _ in range(batch_size)]
         self.slots: list[list[int]] = [[] for _ in range(batch_size)]  # slot of each committed token
         self.slot_pos = torch.empty(batch_size, 0, dtype=torch.long, device=member.device)
@@ -794,8 +794,9 @@ class KVState:
             if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
                 continue
             idx = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys = layer.keys.gather(2, idx)
-            layer.values = layer.values.gather(2, idx.expand(-1, -1, -1, layer.values.shape[-1]))
+            keys = layer.keys.gather(2, idx)  # (both read before either is replaced)
+            values = layer.values.gather(2, idx.expand(-1, -1, -1, layer.values.shape[-1]))
+            layer.keys, layer.values = keys, values
         self.slot_pos = new_pos.to(device)
         self.slots = [list(range(len(s))) for s in self.slots]
 
