@@ -2,7 +2,8 @@
 
 Runs, in one process and on the same prompts (GSM8K test questions, k-shot chain-of-thought prompt
 built by the `gsm8k` eval task, its stop strings), each member alone (greedy, its own KV cache) and
-then the ensemble, and prints:
+the ensemble, taking turns batch by batch (so that a drift in the machine's speed hits every run
+alike), and prints:
 
 - share of rounds that ensembled, words per round;
 - forward passes per output word, per member;
@@ -54,12 +55,8 @@ def accuracy(task, docs, texts) -> float:
     return good / max(len(docs), 1)
 
 
-def run_batches(fn, prompts, batch_size):
-    outs = []
-    for i in range(0, len(prompts), batch_size):
-        outs.extend(fn(prompts[i: i + batch_size]))
-        print(f"    {len(outs)}/{len(prompts)}", file=sys.stderr, flush=True)
-    return outs
+def batches(prompts, batch_size):
+    return [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
 PREFILL_S = [0.0]  # seconds spent in Member.start (prompt prefill), see `time_prefill`
@@ -106,26 +103,24 @@ def summarise(name, outs, members, task, docs, wall, prefill=0.0):
 
 
 def cost_main(args) -> None:
+    """Every run (each member alone, then each ensemble variant) decodes the same batches; the runs
+    take turns batch by batch, so a slow drift of the machine's speed (other tenants) hits all of
+    them alike and the ratios stay comparable. Each run keeps its own prompt-prefix caches, as if it
+    ran alone from a cold start."""
     import torch
 
     from adafuse.ensemble import Ensemble
-    from adafuse.member import load_member
+    from adafuse.member import PrefixCache, load_member
 
     torch.set_num_threads(args.threads)
     time_prefill()
     prompts, docs, task = gsm8k_prompts(args.limit, args.shots, args.offset)
     stop = list(task.until)
     members = [load_member(n, dtype=args.dtype) for n in args.members.split(",")]
-    results = []
+    runs = []  # (name, generate(prompts) -> outputs)
     if not args.skip_alone:
         for m in members:
-            print(f"== {m.name} alone", file=sys.stderr, flush=True)
-            m.prefix_cache.clear()  # every run pays for its own prompt-prefix chunks
-            t0, p0 = time.perf_counter(), PREFILL_S[0]
-            outs = run_batches(lambda ps: m.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
-                               args.batch_size)
-            results.append(summarise(m.name, outs, members, task, docs, time.perf_counter() - t0, PREFILL_S[0] - p0))
-            print(json.dumps(results[-1]), flush=True)
+            runs.append((m.name, lambda ps, m=m: m.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop)))
     knobs = json.loads(args.options) if args.options else {}
     variants = json.loads(args.ensembles) if args.ensembles else [{}]
     base_drafters = [None if d in ("", "none") else d for d in args.drafters.split(",")] if args.drafters else None
@@ -136,16 +131,30 @@ def cost_main(args) -> None:
         name = variant.pop("name", None) or f"{args.method} lead={members[lead].name}" + (" +drafters" if drafters else "")
         ens = Ensemble(members, method=args.method, drafters=drafters, lead=lead, **{**knobs, **variant})
         print(f"== {ens!r}", file=sys.stderr, flush=True)
-        for m in members:
-            m.prefix_cache.clear()
-        t0, p0 = time.perf_counter(), PREFILL_S[0]
-        outs = run_batches(lambda ps: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop), prompts,
-                           args.batch_size)
-        results.append(summarise(name, outs, members, task, docs, time.perf_counter() - t0, PREFILL_S[0] - p0))
-        print(json.dumps(results[-1]), flush=True)
-        if args.save:
-            with open(f"{args.save}.{len(results)}.jsonl", "w") as f:
-                for d, o in zip(docs, outs):
+        runs.append((name, lambda ps, ens=ens: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop)))
+    caches = {name: {m.name: PrefixCache() for m in members} for name, _ in runs}
+    outs = {name: [] for name, _ in runs}
+    wall = {name: 0.0 for name, _ in runs}
+    prefill = {name: 0.0 for name, _ in runs}
+    for i, batch in enumerate(batches(prompts, args.batch_size)):
+        for name, generate in runs:
+            for m in members:
+                m.prefix_cache = caches[name][m.name]
+            t0, p0 = time.perf_counter(), PREFILL_S[0]
+            outs[name].extend(generate(batch))
+            wall[name] += time.perf_counter() - t0
+            prefill[name] += PREFILL_S[0] - p0
+        print(f"    {len(outs[runs[0][0]])}/{len(prompts)} " +
+              " ".join(f"{name} {wall[name]:.0f}s" for name, _ in runs), file=sys.stderr, flush=True)
+    results = [summarise(name, outs[name], members, task, docs, wall[name], prefill[name]) for name, _ in runs]
+    for r in results:
+        print(json.dumps(r), flush=True)
+    if args.save:
+        for k, (name, _) in enumerate(runs):
+            if name in {m.name for m in members}:
+                continue
+            with open(f"{args.save}.{k + 1}.jsonl", "w") as f:
+                for d, o in zip(docs, outs[name]):
                     f.write(json.dumps({"id": d["id"], "text": o.text, "stats": o.stats,
                                         "trace": [r.to_dict() for r in o.trace or []]}) + "\n")
     alone = [r for r in results if r["run"] in {m.name for m in members}]
