@@ -136,7 +136,7 @@ def cost_main(args) -> None:
     outs = {name: [] for name, _ in runs}
     wall = {name: 0.0 for name, _ in runs}
     prefill = {name: 0.0 for name, _ in runs}
-    for i, batch in enumerate(batches(prompts, args.batch_size)):
+    for batch in batches(prompts, args.batch_size):
         for name, generate in runs:
             for m in members:
                 m.prefix_cache = caches[name][m.name]
@@ -151,7 +151,7 @@ def cost_main(args) -> None:
         print(json.dumps(r), flush=True)
     if args.save:
         for k, (name, _) in enumerate(runs):
-            if name in {m.name for m in members}:
+            if k < len(runs) - len(variants):  # a member alone
                 continue
             with open(f"{args.save}.{k + 1}.jsonl", "w") as f:
                 for d, o in zip(docs, outs[name]):
