@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from adafuse.packed_linear import PackedLinear, is_packed, pack_linear_weights, packing_available
+from adafuse import packed_linear
+from adafuse.packed_linear import PackedLinear, is_packed, native_bf16, pack_linear_weights, packing_available
 from adafuse.testing import char_tokenizer, tiny_model
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
@@ -38,9 +39,32 @@ def test_packed_model_matches_and_is_idempotent(arch):
         torch.testing.assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
 
 
-def test_non_float32_models_are_left_alone():
+def test_bfloat16_models_are_left_alone_without_native_bf16(monkeypatch):
+    monkeypatch.setattr(packed_linear, "native_bf16", lambda: False)
     model = tiny_model("llama").to(torch.bfloat16)
     assert pack_linear_weights(model) == 0 and not is_packed(model)
+
+
+def test_float16_models_are_left_alone():
+    model = tiny_model("llama").to(torch.float16)
+    assert pack_linear_weights(model) == 0 and not is_packed(model)
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bfloat16 (AVX512-BF16 / AMX)")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_packed_bfloat16_model_matches_linear(arch):
+    """Where the CPU computes bfloat16 natively, bfloat16 layers are packed too and compute the same
+    function as bfloat16 `nn.Linear` (to bfloat16 rounding), in bfloat16."""
+    model = tiny_model(arch).to(torch.bfloat16)
+    ref = copy.deepcopy(model)
+    assert pack_linear_weights(model) == sum(type(m) is nn.Linear for m in ref.modules()) > 0
+    lin = next(m for m in model.modules() if isinstance(m, PackedLinear))
+    assert lin.packed_weight.dtype == torch.bfloat16
+    ids = torch.randint(4, 60, (2, 11))
+    with torch.no_grad():
+        got, want = model(input_ids=ids).logits, ref(input_ids=ids).logits
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
 
 
 def test_int8_drafter_refuses_packed_member():
