@@ -606,6 +606,55 @@ class KVState:
             tree.blocks.append(_TreeBlock(logits, cols))
         return logits
 
+    @torch.no_grad()
+    def append_open(self, tokens: Sequence[Sequence[int]], tree_tokens: Sequence[Sequence[int]],
+                    tree_parents: Sequence[Sequence[int]]) -> None:
+        """`append(tokens, return_logits=False)` and `forward_tree(tree_tokens, tree_parents)` in one
+        forward: row b commits tokens[b] and opens a tree that hangs below its new last token
+        (parent -1), every node with logits, numbered 0.. as if fed by `forward_tree` after the
+        append. The same state and logits as the two calls, for the cost of one forward (a
+        lazy flush of committed text can so carry guesses of what comes next)."""
+        self._discard_tree()
+        self._stale.difference_update(b for b, t in enumerate(tokens) if t)
+        trunk = [len(t) for t in tokens]
+        combined, parents, at = [], [], []
+        for t, tt, tp, n in zip(tokens, tree_tokens, tree_parents, trunk):
+            if len(tt) != len(tp):
+                raise ValueError("tree_tokens and tree_parents must have the same length per row")
+            combined.append(list(t) + list(tt))
+            parents.append(list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in tp])
+            at.append(([n - 1] if n else []) + [n + i for i in range(len(tt))])
+        self.forward_tree(combined, parents, logits_at=at)
+        self._commit_trunk(trunk)
+
+    def _commit_trunk(self, trunk: Sequence[int]) -> None:
+        """Commit the first trunk[b] nodes of row b's open tree (a chain from the root, the last one
+        with logits); the rest stays open, renumbered from 0, its children of the trunk's end now
+        children of the last committed token (-1)."""
+        tree = self._tree
+        ids, slots, last = [], [], []
+        for b, n in enumerate(trunk):
+            ids.append(tree.tokens[b][:n])
+            slots.append([tree.first + s for s in tree.slots[b][:n]])
+            last.append(tree.logits_of(b, n - 1) if n else None)
+            if not n:
+                continue
+            tree.tokens[b] = tree.tokens[b][n:]
+            tree.parents[b] = [p - n if p >= n else -1 for p in tree.parents[b][n:]]
+            tree.slots[b] = tree.slots[b][n:]
+            for block in tree.blocks:
+                block.cols[b] = {node - n: col for node, col in block.cols[b].items() if node >= n}
+        if any(trunk):
+            fill = next(x for x in last if x is not None)
+            self._commit_rows(ids, slots, torch.stack([x if x is not None else fill for x in last]))
+
+    def _committed_mask(self, tree: "_OpenTree") -> torch.Tensor:
+        """[B, S] bool on the CPU: the slots holding committed tokens (not the open tree's)."""
+        committed = (self.slot_pos >= 0).cpu()
+        for b in range(self.batch_size):
+            committed[b, [tree.first + s for s in tree.slots[b]]] = False
+        return committed
+
     def _roots_below(self, tree: "_OpenTree", tokens: list[list[int]], parents: list[list[int]]
                      ) -> tuple[list[list[int]], tuple[torch.Tensor, torch.Tensor]]:
         """For nodes added to the open `tree`: parents within the new block (-1 for a node whose
@@ -613,9 +662,9 @@ class KVState:
         committed slots and their ancestors in the tree) and their depth."""
         B, S = self.batch_size, self.num_slots
         n_new = max((len(t) for t in tokens), default=0)
-        committed = (self.slot_pos[:, : tree.first] >= 0).cpu()
+        committed = self._committed_mask(tree)
         seen = torch.zeros(B, n_new, S, dtype=torch.bool)
-        seen[:, :, : tree.first] = committed[:, None, :]
+        seen[:, :, :] = committed[:, None, :]
         depth = torch.zeros(B, n_new, dtype=torch.long)
         local = []
         for b, (t, par) in enumerate(zip(tokens, parents)):
@@ -649,6 +698,10 @@ class KVState:
                 out[b, k] = found
         return out
 
+    def node_logits(self, row: int, node: int) -> torch.Tensor | None:
+        """The logits [V] after one node of the open tree (None: no open tree, or no logits there)."""
+        return self._tree.logits_of(row, node) if self._tree is not None else None
+
     @property
     def open_tree_serial(self) -> int | None:
         """A number that identifies the open tree (None if none is open); it changes with every
@@ -677,11 +730,12 @@ class KVState:
             last = torch.stack([e if e is not None else fill for e in ends])
         self._tree = None
         first = tree.first
-        keep = torch.zeros_like(self.slot_pos[:, first:], dtype=torch.bool)
+        free = torch.zeros_like(self.slot_pos[:, first:], dtype=torch.bool)  # the tree's slots not kept
         for b, path in enumerate(paths):
+            free[b, tree.slots[b]] = True
             if path:
-                keep[b, [tree.slots[b][i] for i in path]] = True
-        self.slot_pos[:, first:] = torch.where(keep, self.slot_pos[:, first:], torch.full_like(keep, -1, dtype=torch.long))
+                free[b, [tree.slots[b][i] for i in path]] = False
+        self.slot_pos[:, first:] = self.slot_pos[:, first:].masked_fill(free.to(self.slot_pos.device), -1)
         if last is not None:
             self._stale.difference_update(b for b, path in enumerate(paths) if path)
             self._commit_rows([[tree.tokens[b][i] for i in path] for b, path in enumerate(paths)],

@@ -62,10 +62,13 @@ class MemberText:
             self.texts[b] = texts[b]
         self.sync(changed)
 
-    def sync(self, rows: Sequence[int] | None = None, append_as_is: dict[int, list[int]] | None = None) -> None:
+    def sync(self, rows: Sequence[int] | None = None, append_as_is: dict[int, list[int]] | None = None,
+             below: dict[int, tuple[list[int], list[int]]] | None = None) -> None:
         """Roll each given row back to the longest common prefix of cached and canonical ids and
         feed the tail, all rows in one forward. Rows in `append_as_is` instead just get those ids
-        appended (a member keeping its own token for text it chose), in the same forward."""
+        appended (a member keeping its own token for text it chose), in the same forward. `below`:
+        row -> (tokens, parents) of a token tree that the same forward opens below the row's synced
+        ids (`KVState.append_open`; parent -1 = the row's last token)."""
         rows = range(self.batch_size) if rows is None else rows
         append_as_is = append_as_is or {}
         tails: list[list[int]] = [list(append_as_is.get(b, [])) for b in range(self.batch_size)]
@@ -83,7 +86,11 @@ class MemberText:
                 self.tokens_refed += len(want) - lcp
         if keep != self.state.lengths:
             self.state.rollback(keep)
-        if any(tails):
+        if below:
+            empty: tuple[list[int], list[int]] = ([], [])
+            trees = [below.get(b, empty) for b in range(self.batch_size)]
+            self.state.append_open(tails, [t for t, _ in trees], [p for _, p in trees])
+        elif any(tails):
             self.state.append(tails, return_logits=False)
 
     def adopt(self, row: int, new_text: str) -> None:

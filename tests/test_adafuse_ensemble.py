@@ -357,6 +357,44 @@ def test_incremental_state_equals_fresh_encoding_after_every_round(request, pair
     assert rounds >= 3
 
 
+@pytest.mark.parametrize("pair,lead,method", [("spacey", 0, "adafuse"),
+                                              ("bpe_pair", 0, "adafuse"), ("bpe_pair", 0, "word-fixed"),
+                                              ("bpe_pair", 1, "adafuse")])
+def test_flush_guesses_change_no_output(request, pair, lead, method, monkeypatch):
+    """Guesses fed with a non-lead's lazy flush (`flush_guesses`) only move work between forwards:
+    texts, gate decisions, candidates and (to float rounding) scores equal a run without them. With
+    a shared BPE the non-lead's first tokens are often among the lead's guesses, which saves it
+    forwards."""
+    from adafuse.member import KVState
+
+    members = request.getfixturevalue(pair)
+    opened = []
+    append_open = KVState.append_open
+
+    def counting(self, tokens, tree_tokens, tree_parents):
+        opened.append(sum(len(t) for t in tree_tokens))
+        return append_open(self, tokens, tree_tokens, tree_parents)
+
+    monkeypatch.setattr(KVState, "append_open", counting)
+    kw = dict(method=method, lead=lead, threshold=0.05, max_word_tokens=6)
+    without = Ensemble(list(members), flush_guesses=0, **kw).generate(PROMPTS, max_new_tokens=16)
+    assert not opened
+    with_guesses = Ensemble(list(members), flush_guesses=8, **kw).generate(PROMPTS, max_new_tokens=16)
+    assert opened and max(opened) > 0
+    for x, y in zip(without, with_guesses):
+        assert x.text == y.text
+        assert [(r.kind, r.units, r.gate, r.chosen) for r in x.trace] == [(r.kind, r.units, r.gate, r.chosen) for r in y.trace]
+        for rx, ry in zip(x.trace, y.trace):
+            assert [(c.text, c.proposed_by) for c in rx.candidates] == [(c.text, c.proposed_by) for c in ry.candidates]
+            for cx, cy in zip(rx.candidates, ry.candidates):
+                assert cx.scores == pytest.approx(cy.scores, abs=2e-3)
+    other = members[1 - lead].name
+    fwd = [sum(o.cost.forward_passes[other] for o in outs) for outs in (without, with_guesses)]
+    assert fwd[1] <= fwd[0]
+    if pair == "bpe_pair" and lead == 0:
+        assert fwd[1] < fwd[0]
+
+
 def test_boundary_repair_on_merging_tokens():
     # BPE lead: the word " 18." then "\n" -- ".\n"-style merges and " 1"+"8" splits must be repaired
     prompt = "Q:"

@@ -106,6 +106,50 @@ def test_extended_tree_equals_the_tree_fed_at_once(arch):
             torch.testing.assert_close(lg2[b, : len(nxt[b])], full_logits(m, state.ids[b])[-len(nxt[b]):], **TOL)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_append_open_equals_append_then_tree(arch):
+    """`append_open` commits each row's tokens and opens a tree below them in one forward: the same
+    last logits and node logits as `append` + `forward_tree`; the tree then grows (`extend=True`)
+    and a path is accepted as usual, with the committed tokens kept and the other nodes freed. Rows
+    commit 3, 0 and 5 tokens (gemma3's sliding window is 4)."""
+    m = tiny_member(arch)
+    V = m.vocab_size
+    prompts = [rand_ids(6, V, 40), rand_ids(4, V, 41), rand_ids(3, V, 42)]
+    trunk = [rand_ids(3, V, 43), [], rand_ids(5, V, 44)]
+    tree = [rand_ids(3, V, 45), rand_ids(2, V, 46), rand_ids(1, V, 47)]
+    parents = [[-1, 0, -1], [-1, -1], [-1]]
+    state = m.start(prompts)
+    before = state.num_slots
+    state.append_open(trunk, tree, parents)
+    assert state.open_tree_serial is not None
+    for b in range(3):
+        ids = prompts[b] + trunk[b]
+        assert state.ids[b] == ids
+        torch.testing.assert_close(state.last_logits[b], full_logits(m, ids)[-1], **TOL)
+    paths = [[[0], [0, 1], [2]], [[0], [1]], [[0]]]
+    got = state.tree_logits([[p[-1] for p in rows] for rows in paths])
+    for b in range(3):
+        for k, p in enumerate(paths[b]):
+            ref = full_logits(m, prompts[b] + trunk[b] + [tree[b][i] for i in p])[-1]
+            torch.testing.assert_close(got[b, k], ref, **TOL)
+    # grow below node 1 of row 0 and node 0 of rows 1, 2; accept a path across both forwards
+    more = [[rand_ids(1, V, 48)[0]], [rand_ids(1, V, 49)[0]], [rand_ids(1, V, 50)[0]]]
+    lg = state.forward_tree(more, [[1], [0], [0]], extend=True)
+    ends = [[0, 1, 3], [0, 2], [0, 1]]
+    for b in range(3):
+        full = [tree[b][i] for i in ends[b][:-1]] + more[b]
+        torch.testing.assert_close(lg[b, 0], full_logits(m, prompts[b] + trunk[b] + full)[-1], **TOL)
+    state.accept([ends[0], [], ends[2]])
+    want = [prompts[0] + trunk[0] + [tree[0][0], tree[0][1], more[0][0]], prompts[1],
+            prompts[2] + trunk[2] + [tree[2][0], more[2][0]]]
+    assert state.ids == want
+    assert state.num_slots <= before + 8 + 3  # the freed tree nodes at the end are trimmed
+    nxt = [rand_ids(2, V, 51), rand_ids(1, V, 52), rand_ids(2, V, 53)]
+    lg2 = state.append(nxt)
+    for b in range(3):
+        torch.testing.assert_close(lg2[b, : len(nxt[b])], full_logits(m, want[b] + nxt[b])[-len(nxt[b]):], **TOL)
+
+
 def test_extending_checks_its_input():
     m = tiny_member("llama")
     state = m.start([rand_ids(4, m.vocab_size, 36)])
