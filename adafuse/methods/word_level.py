@@ -580,11 +580,12 @@ class WordFusion:
         text, every node with logits: the member's tokens of the lead's top-k first tokens (as text;
         k = `flush_guesses` // rows flushed) and of the words members before it proposed (`known`).
         `complete_words` walks the tree: where member m's first tokens are among the guesses, its
-        first completion forward is saved. Guesses are cheap only while a forward stays memory
-        bound, hence the budget per forward rather than per row (measured on 6 GSM8K questions,
-        batch 1: 16 guesses save 19 % of the ensemble's time in bfloat16 and 9 % in float32; at batch
-        4, 8 per row cost more time than the forwards they saved). Returns the open tree, or None
-        when no guess was fed."""
+        first completion forward is saved (GSM8K, batch 1: ~20 % fewer non-lead forwards per word;
+        the time saved was 9-19 % on 6 questions but 2 % on 20, see
+        docs/results/adafuse_cost/gsm8k_20_flush_guesses.md). Guesses are cheap only while a forward
+        stays memory bound, hence a budget per forward rather than per row (at batch 4, 8 guesses per
+        row cost more time than the forwards they saved). Returns the open tree, or None when no
+        guess was fed."""
         view, lead = self.views[m], self.views[self.lead]
         rows = [b for b in rows if self.pending[m][b]]
         k = self.config.flush_guesses // max(len(rows), 1)
