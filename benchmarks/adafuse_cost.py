@@ -128,8 +128,10 @@ def cost_main(args) -> None:
         variant = dict(variant)
         lead = variant.pop("lead", args.lead)
         drafters = variant.pop("drafters", base_drafters)
-        name = variant.pop("name", None) or f"{args.method} lead={members[lead].name}" + (" +drafters" if drafters else "")
-        ens = Ensemble(members, method=args.method, drafters=drafters, lead=lead, **{**knobs, **variant})
+        method = variant.pop("method", args.method)
+        name = variant.pop("name", None) or f"{method} lead={members[lead].name}" + (" +drafters" if drafters else "")
+        ens = Ensemble(members, method=method, drafters=drafters, lead=lead,
+                       **({} if method == "single" else {**knobs, **variant}))
         print(f"== {ens!r}", file=sys.stderr, flush=True)
         runs.append((name, lambda ps, ens=ens: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop)))
     caches = {name: {m.name: PrefixCache() for m in members} for name, _ in runs}
@@ -266,7 +268,9 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip_alone", action="store_true", help="only run the ensemble")
     p.add_argument("--ensembles", help='JSON list of ensemble variants run one after another, e.g. '
-                   '\'[{"lead": 2}, {"lead": 2, "drafters": ["lookup", "lookup", "lookup"]}]\' (default: one, from the flags)')
+                   '\'[{"lead": 2}, {"lead": 2, "drafters": ["lookup", "lookup", "lookup"]}]\' (default: one, from the flags); '
+                   '"method" and "name" per variant too (e.g. {"method": "single", "lead": 2, "drafters": ...}: '
+                   'the lead alone through its speculative generator)')
     p.add_argument("--save", help="write each ensemble's texts and traces to SAVE.N.jsonl")
     p.add_argument("--markdown", help="write the results table here")
     p.add_argument("--normalisation", action="store_true", help="teacher-forced normalisation measurement")

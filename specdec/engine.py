@@ -238,7 +238,8 @@ class SpeculativeGenerator:
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                generators: list[torch.Generator | None] | None = None, stop_at_eos: bool = True,
                commit_last: bool = True, record_sources: bool = False,
-               rows: Sequence[int] | None = None) -> list[list[int]]:
+               rows: Sequence[int] | None = None,
+               draft_depth: Callable[[int, list[int]], int] | None = None) -> list[list[int]]:
         """Continue every row of an existing target `state`, committing the new tokens into it, until
         `stop_fn(row, new_ids)` is True (checked after every token; the state then holds exactly the
         returned tokens), the row emits EOS (when `stop_at_eos`), or `max_new_tokens`.
@@ -249,7 +250,8 @@ class SpeculativeGenerator:
         `commit_last=False` skips the final forward that commits each row's last token (a caller
         about to roll it back saves that forward): `self.last_uncommitted[row]` then says whether the
         state lacks the row's last returned token. `rows` limits the work to those rows (the others
-        get no tokens, no drafts, no tree nodes)."""
+        get no tokens, no drafts, no tree nodes). `draft_depth(row, new_ids)` caps the row's next draft
+        depth where the caller knows how much it can use (it only changes cost, never the output)."""
         eos = self.target.eos_token_ids
 
         def fn(b: int, new: list[int]) -> bool:
@@ -258,12 +260,12 @@ class SpeculativeGenerator:
             return bool(stop_fn(b, new)) if stop_fn is not None else False
 
         return self._decode(state, max_new_tokens, fn, temperature, top_k, top_p, generators, commit_last=commit_last,
-                            record_sources=record_sources, rows=rows)
+                            record_sources=record_sources, rows=rows, draft_depth=draft_depth)
 
     # ---- the loop --------------------------------------------------------------------------
     def _decode(self, state: KVState, max_new_tokens: int, stop_fn, temperature, top_k, top_p, generators,
-                commit_last: bool, record_sources: bool = False, rows: Sequence[int] | None = None
-                ) -> list[list[int]]:
+                commit_last: bool, record_sources: bool = False, rows: Sequence[int] | None = None,
+                draft_depth: Callable[[int, list[int]], int] | None = None) -> list[list[int]]:
         B = state.batch_size
         gens = list(generators) if generators is not None else [None] * B
         state._refresh()
@@ -279,7 +281,8 @@ class SpeculativeGenerator:
             contexts = [None if done[b] else state.ids[b] + ([pending[b]] if pending[b] is not None else [])
                         for b in range(B)]
             room = [max_new_tokens - len(new[b]) for b in range(B)]
-            depth = [max(0, min(self.depth, r - 1)) if not done[b] else 0 for b, r in enumerate(room)]
+            depth = [max(0, min(self.depth, r - 1, self.depth if draft_depth is None else draft_depth(b, new[b])))
+                     if not done[b] else 0 for b, r in enumerate(room)]
             if self.drafter is not None and max(depth) > 0:
                 trees = self.drafter.draft(contexts, scheme=self.scheme, num_drafts=self.num_drafts, depth=depth,
                                            node_budget=self.node_budget, temperature=temperature, top_k=top_k,

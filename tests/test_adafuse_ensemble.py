@@ -550,6 +550,44 @@ def test_greedy_output_is_identical_with_speculation_on_random_members(spacey):
             assert [g for r in x.trace for g in r.gate] == [g for r in y.trace for g in r.gate]
 
 
+@pytest.mark.parametrize("drafter_seed", [1, 7])  # 1: the target's own weights (every draft accepted)
+def test_greedy_output_is_identical_with_a_model_drafter(spacey, drafter_seed):
+    # a same-tokenizer model drafter on the BPE lead: runs of confident words through the specdec
+    # engine, with the draft depth capped by the words left in the span (`_speculative_words`)
+    drafter = spacey_member("qwen2", bpe_tokenizer(), drafter_seed, "bpe-draft", 3.0)
+    for kw in (dict(threshold=0.0, span=3), dict(threshold=0.0, span=1)):
+        plain = Ensemble(list(spacey), lead=1, max_word_tokens=6, **kw).generate(PROMPTS, max_new_tokens=16)
+        ens = Ensemble(list(spacey), lead=1, max_word_tokens=6, drafters=[None, drafter], **kw)
+        depths = []
+        engine = ens.speculators[1]
+        run = engine._decode
+        engine._decode = lambda *a, draft_depth=None, **k: run(
+            *a, draft_depth=lambda b, new: depths.append(draft_depth(b, new)) or depths[-1], **k)
+        spec = ens.generate(PROMPTS, max_new_tokens=16)
+        for x, y in zip(plain, spec):
+            assert x.text == y.text
+            assert [g for r in x.trace for g in r.gate] == [g for r in y.trace for g in r.gate]
+        assert depths and max(depths) == 1 + kw["span"] and min(depths) >= 1
+
+
+def test_speculative_lead_costs_no_more_lead_forwards(spacey):
+    # batch 1, every word confident: a drafter that never drafts must cost the lead exactly the plain
+    # path's forwards (each speculative chunk keeps all the words it decoded: no re-decoding), and a
+    # drafter with the lead's own weights fewer
+    from specdec.drafters import PromptLookupDrafter
+
+    never = PromptLookupDrafter(ngram_max=3, ngram_min=3, min_length=10 ** 6)
+    same = spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-draft", 3.0)
+    fwd, texts = [], []
+    for drafter in (None, never, same):
+        out = Ensemble(list(spacey), lead=1, max_word_tokens=6, threshold=0.0, span=3,
+                       drafters=[None, drafter]).generate(PROMPTS[:1], max_new_tokens=40)[0]
+        fwd.append(out.cost.forward_passes["bpe-qwen"])
+        texts.append(out.text)
+    assert texts[0] == texts[1] == texts[2]
+    assert fwd[1] == fwd[0] and fwd[2] < fwd[0]
+
+
 def test_forward_tree_logits_at_matches_full_logits(spacey):
     # adafuse/member.py: forward_tree(..., logits_at=) computes the LM head only at chosen nodes
     member = spacey[1]

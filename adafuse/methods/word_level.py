@@ -450,27 +450,37 @@ class WordFusion:
         spec = self.speculators[self.lead]
         budget = {b: cfg.span - self.streak[b] for b in rows}
         before = list(state.lengths)
+        have = {b: view.output_ids(b) for b in rows}  # (`decode` commits into the state: read them first)
 
         def stop_fn(b: int, new: list[int]) -> bool:
             units = count_complete_units(member.decode(new))
             if units >= budget[b]:
                 return True
             if units and len(new) > 1 and count_complete_units(member.decode(new[:-1])) < units:
-                # new[-1] starts the next word: go on only where the lead is confident about it
+                # new[-1] starts the next word: go on only where the lead is confident about it and
+                # the row has room for it (`_next_word` stops it at max_new_tokens)
+                if len(have[b]) + len(new) - 1 >= self.max_new_tokens:
+                    return True
                 return float(top2_margin(torch.softmax(spec.last_sources[b][-1].float(), -1)[None])[0]) < cfg.threshold
             return False
+
+        def draft_depth(b: int, new: list[int]) -> int:
+            # a confident run ends within the span budget (GSM8K: ~1.3 lead tokens per word), often
+            # after one word: drafting deeper than one token per word left, plus one, costs drafter
+            # forwards and verified tokens the run cannot use
+            return 1 + budget[b] - count_complete_units(member.decode(new))
 
         # only `rows` are decoded: the other rows' state is left as it is
         new_ids = spec.decode(state, max(budget.values()) * cfg.max_word_tokens + 1, stop_fn=stop_fn,
                               temperature=self.temperature, generators=self.gens, commit_last=False,
-                              record_sources=True, rows=rows)
+                              record_sources=True, rows=rows, draft_depth=draft_depth)
         sources, uncommitted = spec.last_sources, spec.last_uncommitted
         out: dict[int, tuple[list[tuple[str, float]], bool]] = {}
         keep = list(before)
         last: dict[int, torch.Tensor] = {}
         missing: list[list[int]] = [[] for _ in range(state.batch_size)]
         for b in rows:
-            words, n_keep, eos = self._walk_chunk(b, new_ids[b], sources[b][1:], margins[b])
+            words, n_keep, eos = self._walk_chunk(b, have[b], new_ids[b], sources[b][1:], margins[b])
             out[b] = (words, eos)
             committed = len(new_ids[b]) - int(uncommitted[b])
             keep[b] = before[b] + min(n_keep, committed)
@@ -485,14 +495,13 @@ class WordFusion:
             state.append(missing, return_logits=False)
         return out
 
-    def _walk_chunk(self, b: int, ids: list[int], after: list[torch.Tensor], first_margin: float
+    def _walk_chunk(self, b: int, have: list[int], ids: list[int], after: list[torch.Tensor], first_margin: float
                     ) -> tuple[list[tuple[str, float]], int, bool]:
-        """Split a speculatively decoded chunk into the words the plain path would have committed.
-        Returns (words with their gate margins, tokens to keep, hit EOS)."""
+        """Split a speculatively decoded chunk `ids` (after the row's output ids `have`) into the words
+        the plain path would have committed. Returns (words with their gate margins, tokens to keep,
+        hit EOS)."""
         cfg = self.config
-        view = self.views[self.lead]
-        member = view.member
-        have = view.output_ids(b)
+        member = self.views[self.lead].member
         words: list[tuple[str, float]] = []
         cur: list[int] = []
         text, margin, j = "", first_margin, 0
