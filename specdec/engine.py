@@ -251,7 +251,8 @@ class SpeculativeGenerator:
         about to roll it back saves that forward): `self.last_uncommitted[row]` then says whether the
         state lacks the row's last returned token. `rows` limits the work to those rows (the others
         get no tokens, no drafts, no tree nodes). `draft_depth(row, new_ids)` caps the row's next draft
-        depth where the caller knows how much it can use (it only changes cost, never the output)."""
+        depth where the caller knows how much it can use (cost only: greedy output is the same, and sampled
+        output keeps its distribution)."""
         eos = self.target.eos_token_ids
 
         def fn(b: int, new: list[int]) -> bool:
