@@ -13,7 +13,7 @@ from typing import Any
 from adafuse.errors import ConfigError
 
 METHODS = ("adafuse", "word-fixed", "token-union", "sample-rerank", "single")
-_KNOBS = ("threshold", "span", "candidates", "normalise", "calibration")
+_KNOBS = ("threshold", "span", "candidates", "normalise", "calibration", "draft_candidates")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--calibration", choices=["none", "softmax"], help="cross-member score calibration (softmax)")
     g.add_argument("--lead", type=int, default=0, help="index of the lead member (gate, confident words, EOS)")
     g.add_argument("--drafters", help="comma-separated drafter per member: lookup, a model name, or empty/none")
+    g.add_argument("--draft_candidates", choices=["model-free", "all", "off"],
+                   help="which members' drafters also draft their candidate words (model-free: prompt lookup only)")
     g.add_argument("--show_trace", action="store_true", help="print every round: gate, candidates, scores")
 
 

@@ -82,7 +82,9 @@ def summarise(name, outs, members, task, docs, wall, prefill=0.0):
     from adafuse.words import count_words
 
     words = sum(count_words(o.text) for o in outs)
-    fwd = {m.name: sum(o.cost.forward_passes.get(m.name, 0) for o in outs) for m in members}
+    names = [m.name for m in members]  # then any drafter models the runs used
+    names += sorted({k for o in outs for k in o.cost.forward_passes} - set(names))
+    fwd = {k: sum(o.cost.forward_passes.get(k, 0) for o in outs) for k in names}
     row = {"run": name, "words": words, "wall_s": round(wall, 2), "s_per_word": wall / max(words, 1),
            "prefill_s": round(prefill, 2), "decode_s_per_word": (wall - prefill) / max(words, 1),
            "fwd_per_word": {k: round(v / max(words, 1), 3) for k, v in fwd.items() if v},

@@ -45,6 +45,32 @@ class Drafter:
         may still draft (a drafter with its own depth, like prompt lookup, stays within it)."""
         raise NotImplementedError
 
+    def draft_continuations(self, contexts: Sequence[Sequence[int] | None], branches: Sequence[Sequence[Sequence[int]]],
+                            depth: Sequence[Sequence[int]], keep: Callable[[int, int, list[int]], bool]
+                            ) -> list[list[list[int]]]:
+        """Greedy drafts of given branches (e.g. an ensemble member's candidate words in the making):
+        per row b and branch i, up to `depth[b][i]` tokens the drafter expects after
+        `contexts[b] + branches[b][i]`, each kept only while `keep(b, i, drafted so far)` holds (the
+        caller's stop rule, e.g. a word boundary). Drafts only: the target verifies them. Rows with a
+        None context get none. Default: no drafts."""
+        return [[[] for _ in row] for row in branches]
+
+
+def drafter_member(drafter: Drafter | None) -> Member | None:
+    """The model a drafter runs (its forwards are part of a run's cost), or None (model-free)."""
+    model = getattr(drafter, "model", None)
+    return getattr(drafter, "member", None) or getattr(model, "member", None)
+
+
+def kept_prefix(tokens: Sequence[int], keep: Callable[[list[int]], bool]) -> list[int]:
+    """The longest prefix of `tokens` every prefix of which (non-empty) satisfies `keep`."""
+    out: list[int] = []
+    for tok in tokens:
+        if not keep(out + [int(tok)]):
+            break
+        out.append(int(tok))
+    return out
+
 
 def per_row(depth: int | Sequence[int], batch_size: int) -> list[int]:
     """A depth per row (the engine caps each row's depth by the tokens it may still emit)."""
@@ -112,6 +138,52 @@ class ModelDrafter(Drafter):
         if any(feed):
             st.append(feed, return_logits=False)
         return active
+
+    @torch.no_grad()
+    def draft_continuations(self, contexts, branches, depth, keep):
+        """Greedy chains, one per branch: the branches of all rows go into one tree forward below the
+        synced contexts, then each level extends every live chain by its argmax token in one more
+        forward (`forward_tree(extend=True)`), so `max(depth)` drafter forwards at most."""
+        B = len(contexts)
+        out: list[list[list[int]]] = [[[] for _ in row] for row in branches]
+        live = [(b, i) for b in range(B) for i, br in enumerate(branches[b])
+                if contexts[b] is not None and br and depth[b][i] > 0]
+        if not live:
+            return out
+        rows = {b for b, _ in live}
+        self.sync([contexts[b] if b in rows else None for b in range(B)])
+        st = self.state
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        parents: list[list[int]] = [[] for _ in range(B)]
+        end: dict[tuple[int, int], int] = {}
+        for b, i in live:  # each branch its own chain (a row's branches start with distinct tokens)
+            for j, tok in enumerate(branches[b][i]):
+                parents[b].append(len(tokens[b]) - 1 if j else -1)
+                tokens[b].append(int(tok))
+            end[(b, i)] = len(tokens[b]) - 1
+        count = [len(t) for t in tokens]  # per row, nodes fed so far (tree-wide numbering)
+        extend = False
+        V = self.target_vocab
+        while live:
+            at = [[end[k] for k in live if k[0] == b] for b in range(B)]
+            logits = st.forward_tree(tokens, parents, logits_at=at, extend=extend)
+            extend = True
+            nxt = {k: int(logits[k[0], at[k[0]].index(end[k]), :V].argmax()) for k in live}
+            tokens, parents = [[] for _ in range(B)], [[] for _ in range(B)]
+            still = []
+            for b, i in live:
+                draft = out[b][i] + [nxt[(b, i)]]
+                if not keep(b, i, draft):
+                    continue
+                out[b][i] = draft
+                if len(draft) < depth[b][i]:
+                    parents[b].append(end[(b, i)])
+                    tokens[b].append(draft[-1])
+                    end[(b, i)] = count[b]
+                    count[b] += 1
+                    still.append((b, i))
+            live = still
+        return out
 
     def _probs(self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
         """[..., V_target] draft distribution: the drafter's logits warped like the target's
@@ -269,6 +341,18 @@ class PromptLookupDrafter(Drafter):
         return [tree_from_sequences(self.continuations(c, n, k)) if c and k > 0 else DraftTree()
                 for c, k in zip(contexts, ks)]
 
+    def draft_continuations(self, contexts, branches, depth, keep):
+        """The most recent lookup continuation of each branch (see `Drafter.draft_continuations`)."""
+        out = []
+        for b, (ctx, row) in enumerate(zip(contexts, branches)):
+            drafts = []
+            for i, br in enumerate(row):
+                k = min(depth[b][i], self.depth or depth[b][i])
+                found = self.continuations(list(ctx) + list(br), 1, k) if ctx is not None and k > 0 else []
+                drafts.append(kept_prefix(found[0], lambda c, b=b, i=i: keep(b, i, c)) if found else [])
+            out.append(drafts)
+        return out
+
 
 class HybridDrafter(Drafter):
     """Prompt lookup where it finds a continuation of at least `min_match` tokens, else the model
@@ -293,6 +377,16 @@ class HybridDrafter(Drafter):
             return look
         model_trees = self.model.draft([c if u else None for c, u in zip(contexts, use_model)], **kw)
         return [m if u else t for m, t, u in zip(model_trees, look, use_model)]
+
+    def draft_continuations(self, contexts, branches, depth, keep):
+        """Lookup drafts where they are at least `min_match` tokens (or the branch needs fewer), the
+        model's for the other branches."""
+        look = self.lookup.draft_continuations(contexts, branches, depth, keep)
+        rest = [[0 if len(d) >= min(self.min_match, k) else k for d, k in zip(row, ks)] for row, ks in zip(look, depth)]
+        if not any(any(r) for r in rest):
+            return look
+        model = self.model.draft_continuations(contexts, branches, rest, keep)
+        return [[m if k else d for d, m, k in zip(lr, mr, ks)] for lr, mr, ks in zip(look, model, rest)]
 
 
 def quantize_int8(member: Member) -> Member:

@@ -29,7 +29,7 @@ import torch
 from adafuse.member import KVState, Member, check_finished, make_generators, split_batch_cost
 from adafuse.outputs import Cost, GenerationOutput
 from adafuse.sampling import logits_to_probs
-from specdec.drafters import Drafter
+from specdec.drafters import Drafter, drafter_member
 from specdec.tree import DraftTree, forward_inputs
 
 SCHEMES = ("greedy", "with", "without")
@@ -190,6 +190,11 @@ class SpeculativeGenerator:
             drafter.bind(target)
         self.last_stats: list[RowStats] = []
 
+    @property
+    def drafter_member(self) -> Member | None:
+        """The model the drafter runs (None: no drafter, or a model-free one)."""
+        return drafter_member(self.drafter)
+
     def __repr__(self) -> str:
         d = getattr(self.drafter, "name", None)
         return (f"SpeculativeGenerator(target={self.target.name!r}, drafter={d!r}, scheme={self.scheme!r}, "
@@ -205,7 +210,7 @@ class SpeculativeGenerator:
         t0 = time.perf_counter()
         tgt = self.target
         snap_t = tgt.counters.snapshot()
-        dm = getattr(self.drafter, "member", None) or getattr(getattr(self.drafter, "model", None), "member", None)
+        dm = drafter_member(self.drafter)
         snap_d = dm.counters.snapshot() if dm is not None else None
         stop = [s for s in (stop or []) if s]
         prompt_ids = [tgt.encode_prompt(p, chat) for p in prompts]

@@ -1,6 +1,6 @@
 """End to end on two real members with different tokenizers (SmolLM2 BPE + chat template, Gemma 3
 SentencePiece base model): adafuse runs, its text is its committed units, and a speculative lead
-(prompt lookup) gives the same greedy output, and a batch gives what each row gives alone."""
+and prompt-lookup drafted candidates give the same greedy output, and a batch gives what each row gives alone."""
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -33,5 +33,9 @@ def test_adafuse_smollm2_gemma3(smollm2, gemma):
         assert alone.text == out.text
         view = [[(r.kind, r.units, [g["decision"] for g in r.gate]) for r in o.trace] for o in (alone, out)]
         assert view[0] == view[1]  # (margins agree to float rounding across batch shapes)
-    spec = Ensemble([smollm2, gemma], method="adafuse", drafters=["lookup", None]).generate(PROMPTS, **kw)
+    # speculative members: the lead's confident runs and both members' candidate words through
+    # prompt-lookup drafters
+    spec = Ensemble([smollm2, gemma], method="adafuse", drafters=["lookup", "lookup"]).generate(PROMPTS, **kw)
     assert [o.text for o in spec] == [o.text for o in outs]
+    assert ([[[c.text for c in r.candidates] for r in o.trace] for o in spec]
+            == [[[c.text for c in r.candidates] for r in o.trace] for o in outs])

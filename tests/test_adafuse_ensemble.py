@@ -632,3 +632,30 @@ def test_speculative_trace_records_a_confident_eos_at_a_word_start(script):
     assert plain.text == spec.text == script
     view = [[(r.kind, r.units, r.gate, r.chosen) for r in o.trace] for o in (plain, spec)]
     assert view[0] == view[1]
+
+
+@pytest.mark.parametrize("lead", [0, 1])
+def test_candidates_through_drafters_change_no_output(spacey, lead):
+    # every word ensembled (threshold 1): the members complete their candidate words with drafts
+    # from their drafters (the char member, whose words are several tokens, a model drafter with its
+    # own weights, so every draft is its greedy choice; the BPE member prompt lookup). Texts,
+    # candidates and every member's scores are those of the plain run; with `draft_candidates="all"`
+    # the char member needs fewer forwards of its own (and its drafter's forwards are counted); by
+    # default ("model-free") only the lookup drafter is used.
+    drafter = spacey_member("llama", char_tokenizer(), 0, "char-draft", 3.0)
+    kw = dict(lead=lead, threshold=1.0, max_word_tokens=6)
+    plain = Ensemble(list(spacey), **kw).generate(PROMPTS, max_new_tokens=14)
+    runs = {which: Ensemble(list(spacey), drafters=[drafter, "lookup"], draft_candidates=which,
+                            **kw).generate(PROMPTS, max_new_tokens=14) for which in ("off", "model-free", "all")}
+    for outs in runs.values():
+        for x, y in zip(plain, outs):
+            assert x.text == y.text
+            assert ([[(c.text, c.scores) for c in r.candidates] for r in x.trace]
+                    == [[(c.text, c.scores) for c in r.candidates] for r in y.trace])
+
+    def forwards(outs, name):
+        return sum(o.cost.forward_passes.get(name, 0) for o in outs)
+
+    assert forwards(runs["all"], "char-llama") < forwards(runs["model-free"], "char-llama") == forwards(plain, "char-llama")
+    assert forwards(runs["all"], "char-draft") > 0 == forwards(runs["model-free"], "char-draft")
+    assert forwards(runs["off"], "bpe-qwen") == forwards(plain, "bpe-qwen")

@@ -234,3 +234,41 @@ def test_make_drafter_specs_and_default_shapes(pair):
     g = SpeculativeGenerator(target, model, **default_shape(model))
     ref = target.generate(PROMPTS, max_new_tokens=16)
     assert [o.text for o in g.generate(PROMPTS, max_new_tokens=16)] == [r.text for r in ref]
+
+
+@pytest.mark.parametrize("which", ["perfect", "random", "lookup", "hybrid"])
+def test_draft_continuations_are_the_drafters_greedy_chains(pair, which):
+    """`draft_continuations`: per branch, the drafter's own greedy continuation of context + branch,
+    cut where `keep` says no, `depth` at most; rows with a None context get none. Twice in a row (the
+    model drafter's state after an open tree must sync again)."""
+    target, other = pair
+    drafter = drafters(target, other)[which]
+    drafter.bind(target)
+    model = {"perfect": target, "random": other, "hybrid": other}.get(which)
+    ctx = [target.encode_prompt(p) for p in PROMPTS]
+    branches = [[[5], [9, 11]], [[7]], [[3], [4]]]
+    contexts = [ctx[0], None, ctx[2] + ctx[2]]  # (row 2 repeats itself: lookup finds something there)
+    depth = [[4, 2], [3], [3, 0]]
+    keep = lambda b, i, d: d[-1] != 13  # noqa: E731  (a stop rule)
+    for _ in range(2):
+        out = drafter.draft_continuations(contexts, branches, depth, keep)
+        assert len(out[1][0]) == 0 and out[2][1] == []
+        for b, row in enumerate(out):
+            for i, d in enumerate(row):
+                assert len(d) <= depth[b][i] and 13 not in d
+                if model is not None and contexts[b] is not None and depth[b][i] and (which != "hybrid" or d):
+                    st = model.start([contexts[b] + branches[b][i]])
+                    ref = []
+                    for _ in range(depth[b][i]):
+                        tok = int(st.next_probs(0.0)[0].argmax())
+                        if tok == 13:
+                            break
+                        ref.append(tok)
+                        st.append([[tok]])
+                    if which != "hybrid" or d == ref[: len(d)]:
+                        assert d == ref
+        if which == "perfect":
+            assert all(len(d) for b, i in ((0, 0), (0, 1), (2, 0)) for d in [out[b][i]])
+        if which == "lookup":  # row 2: "…ctx + [3]" is found earlier in the same context
+            ref = drafter.continuations(contexts[2] + [3], 1, 3)
+            assert out[2][0] == (ref[0][: next((k for k, t in enumerate(ref[0]) if t == 13), 3)] if ref else [])

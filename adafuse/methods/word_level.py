@@ -14,8 +14,9 @@ for the batch):
   committed without the other members' say; span=0 ensembles every word.
 - uncertain: each member proposes its top-`candidates` first tokens, each completed greedily to the
   word boundary (all of a member's branches of all rows in one tree forward per step; a branch walks
-  on through draft nodes in that tree, the words members before it proposed, as long as its greedy
-  next token is there); the union of the candidate words (dedup
+  on through draft nodes in that tree, the words members before it proposed and, for a member with
+  a `specdec` drafter, the drafter's greedy continuation of the branch, as long as its greedy next
+  token is there); the union of the candidate words (dedup
   by exact text) is scored by every member (all candidates of all rows in one tree forward per
   member; the lead completes last, with every other candidate in its tree, and is usually scored
   from that tree at no further forward; a non-lead needs no forward where every candidate it lacks
@@ -58,6 +59,7 @@ from adafuse.text_state import MemberText
 from adafuse.words import word_end
 
 EOS_KEY = "<eos>"
+DRAFT_CANDIDATES = ("model-free", "all", "off")
 
 
 @dataclass
@@ -69,7 +71,14 @@ class WordConfig:
     teacher-forced on GSM8K gold chains of thought, 4 questions x first 5 words = 20 positions):
     the gold word was picked at 0.50 (byte/softmax) vs 0.40 (token/none, the paper's setting),
     0.45 (token/softmax) and 0.40 (byte/none); at the 13 uncertain positions 0.38 vs 0.31. A small
-    sample (differences of 1-2 positions); re-measure with more questions when time allows."""
+    sample (differences of 1-2 positions); re-measure with more questions when time allows.
+
+    `draft_candidates`: which members complete their candidate words through their `specdec`
+    drafter (same words either way): "all", "off", or "model-free" (default: prompt lookup, which
+    costs no forward; `docs/results/adafuse_cost/gsm8k_20_fp32_drafted_candidates.md`: fewer
+    forwards, same time). A model drafter's forwards cost more than the member forwards they save
+    on candidate words of one or two tokens (0.5B drafting for a 1.5B member, bfloat16:
+    `gsm8k_6_lead15_drafted_candidates.md`)."""
 
     threshold: float = 0.7       # gate: confident iff p1 - p2 >= threshold
     span: int = 3                # max words committed without ensembling
@@ -79,6 +88,7 @@ class WordConfig:
     max_word_tokens: int = 8     # a word longer than this (tokens) is cut there
     gate: bool = True            # False = word-fixed: ensemble every word
     flush_guesses: int = 16      # guesses fed with a non-lead's flush, split over its rows (0: off)
+    draft_candidates: str = "model-free"  # which members' drafters draft their candidate words: see below
 
     @classmethod
     def from_options(cls, method: str, options: dict[str, Any]) -> "WordConfig":
@@ -106,6 +116,8 @@ class WordConfig:
             raise bad("calibration", f"one of {', '.join(CALIBRATIONS)}")
         if not isinstance(self.gate, bool):
             raise bad("gate", "True or False")
+        if self.draft_candidates not in DRAFT_CANDIDATES:
+            raise bad("draft_candidates", f"one of {', '.join(DRAFT_CANDIDATES)}")
 
 
 @dataclass
@@ -620,6 +632,14 @@ class WordFusion:
         logits = {(b, n): state.node_logits(b, n) for b in below for n in range(len(built.tokens[b]))}
         return OpenTree(built, logits, state.open_tree_serial, [len(t) for t in built.tokens])
 
+    def _candidate_drafter(self, m: int) -> Any | None:
+        """Member m's `specdec` drafter, for its candidate words' completions, as `draft_candidates`
+        allows (None: none)."""
+        spec, which = self.speculators[m], self.config.draft_candidates
+        if spec is None or spec.drafter is None or which == "off":
+            return None
+        return spec.drafter if which == "all" or spec.drafter_member is None else None
+
     def _firsts(self, view: MemberText, rows: Sequence[int]) -> tuple[dict[int, list[int]], dict[int, bool]]:
         """Per row, the member's top-B first tokens other than EOS, and whether an EOS was among
         the top-B (it takes one of the B slots)."""
@@ -656,7 +676,8 @@ class WordFusion:
             # keeps its tree for scoring (the others score in a forward of their own: the lead
             # adds candidates after them)
             words[m], self._open_trees[m] = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
-                                                           keep_tree=m == self.lead, started=started, tree=guessed)
+                                                           keep_tree=m == self.lead, started=started, tree=guessed,
+                                                           drafter=self._candidate_drafter(m))
             for b in rows:
                 known[b] += [w for w in words[m][b] if w and w not in known[b]]
         union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
@@ -758,14 +779,19 @@ class WordFusion:
     # ---- whole run -------------------------------------------------------------------------
     def run(self, on_step: Callable[["WordFusion"], None] | None = None) -> list[GenerationOutput]:
         t0 = time.perf_counter()
-        snaps = [m.counters.snapshot() for m in self.members]
+        counted = list(self.members)  # members, then the models their drafters run
+        for spec in self.speculators:
+            dm = getattr(spec, "drafter_member", None)
+            if dm is not None and all(dm is not m for m in counted):
+                counted.append(dm)
+        snaps = [m.counters.snapshot() for m in counted]
         while not self.done:
             self.step()
             if on_step is not None:
                 on_step(self)
         wall = time.perf_counter() - t0
         total = Cost(wall_time_s=wall)
-        for m, snap in zip(self.members, snaps):
+        for m, snap in zip(counted, snaps):
             total.merge(m.cost_since(snap))
         outs = []
         for b in range(len(self.texts)):
@@ -923,16 +949,15 @@ class TreeBuilder:
 
 def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list[int]],
                    max_word_tokens: int, known: dict[int, list[str]] | None = None, keep_tree: bool = False,
-                   started: dict[int, Branches] | None = None, tree: OpenTree | None = None
-                   ) -> tuple[dict[int, list[str]], OpenTree | None]:
+                   started: dict[int, Branches] | None = None, tree: OpenTree | None = None,
+                   drafter: Any | None = None) -> tuple[dict[int, list[str]], OpenTree | None]:
     """Complete each first token greedily to the word boundary (`Branches`) without committing
     anything; all unfinished branches of all rows advance in one forward per step. The steps grow
     one token tree in the member's state (`KVState.forward_tree(extend=True)`): the first holds the
     branches' tokens and the `known` words as drafts (per row, words other members proposed, by this
     member's continuation ids), each later step feeds only each open branch's next token. A branch
     walks on through the tree while its greedy next token is a node there, so completing a word some
-    member already proposed costs no further forward. (Prompt-lookup drafts as well saved ~10 % of
-    these forwards but tripled their tokens: slower on CPU.) Logits are computed at the branch ends
+    member already proposed costs no further forward. Logits are computed at the branch ends
     and the drafts below them only (only drafts a branch can walk into are fed); with `keep_tree`
     the tree also holds every known word and the words completed so far, and every node gets logits
     (the lead: its tree usually holds every candidate). The tree stays open in the state (returned as
@@ -940,7 +965,12 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
     chosen word. `started`: rows
     whose branches (of the same firsts, at the same state) were already advanced elsewhere. `tree`: a
     tree already open in the state (guesses fed with a flush, `WordFusion._flush_guessing`), every
-    node with logits, that the branches walk first and the steps grow.
+    node with logits, that the branches walk first and the steps grow. `drafter`: the member's
+    `specdec` drafter; its greedy drafts of each open branch, up to the word's end
+    (`draft_branches`), go into the first forward below the branch, so the member verifies them as
+    its speculative generator would at temperature 0 (the walk takes the member's argmax at every
+    node, so the words are the same with or without drafts; see `WordConfig.draft_candidates` for
+    what they save).
     Returns (row -> words aligned with firsts, the open tree or None)."""
     member, state = view.member, view.state
     B = state.batch_size
@@ -951,6 +981,7 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
         tree = OpenTree(TreeBuilder(B), {}, None)  # grown by each step's forward
     built = tree.built
     first = True
+    drafted: dict[int, list[list[int]]] = {}
     while True:
         for b in rows:
             bs = branches[b]
@@ -964,6 +995,8 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                     node = built.trie[b].get((node, nxt))
         if all(branches[b].done for b in rows):
             break
+        if first and drafter is not None:
+            drafted = draft_branches(view, rows, branches, drafter, max_word_tokens)
         fed = tree.fed
         ends: list[list[int]] = [[] for _ in range(B)]
         for b in rows:
@@ -973,6 +1006,8 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                 for ids in drafts[b]:
                     if keep_tree or any(ids[: len(br)] == br for br in open_branches):
                         built.add(b, ids)
+                for ids in drafted.get(b, []):
+                    built.add(b, ids)
             for i, word in enumerate(bs.words):
                 if word is None:
                     ends[b].append(built.add(b, bs.tokens[i]))
@@ -985,6 +1020,26 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                   [[n for n in sorted(below(built.parents[b], ends[b])) if n >= fed[b]] for b in range(B)])
         first = False
     return {b: branches[b].result() for b in rows}, (tree if tree.serial is not None else None)
+
+
+def draft_branches(view: MemberText, rows: Sequence[int], branches: dict[int, "Branches"], drafter: Any,
+                   max_word_tokens: int) -> dict[int, list[list[int]]]:
+    """Per row, each open branch's tokens followed by the drafter's greedy continuation of it, cut
+    where the word would end (a drafted token is kept only while the branch stays open after it: a
+    token that ends the word needs no logits). Branches the drafter has nothing for are left out."""
+    member, B = view.member, view.state.batch_size
+    opened = {b: branches[b].open() for b in rows}
+    tokens = [[list(branches[b].tokens[i]) for i in opened.get(b, [])] for b in range(B)]
+    contexts = [list(view.state.ids[b]) if tokens[b] else None for b in range(B)]
+    depth = [[max_word_tokens - 1 - len(t) for t in row] for row in tokens]
+
+    def keep(b: int, i: int, draft: list[int]) -> bool:
+        ids = tokens[b][i] + draft
+        return (draft[-1] not in member.eos_token_ids and len(ids) < max_word_tokens
+                and word_end(member.decode(ids)) is None)
+
+    drafts = drafter.draft_continuations(contexts, tokens, depth, keep)
+    return {b: [t + d for t, d in zip(tokens[b], drafts[b]) if d] for b in rows}
 
 
 def round_stats(trace: Sequence[Round], text: str) -> dict[str, Any]:
