@@ -10,10 +10,10 @@ from typing import Any
 _LAZY = {
     "Ensemble": "adafuse.ensemble",
     "EnsembleConfig": "adafuse.ensemble",
-    "Member": "adafuse.member",
-    "load_member": "adafuse.member",
-    "GenerationOutput": "adafuse.outputs",
-    "Cost": "adafuse.outputs",
+    "Member": "runtime.member",
+    "load_member": "runtime.member",
+    "GenerationOutput": "runtime.outputs",
+    "Cost": "runtime.outputs",
 }
 
 __all__ = sorted(_LAZY)

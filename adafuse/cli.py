@@ -6,11 +6,11 @@ import argparse
 import importlib
 import sys
 
-from adafuse.errors import AdafuseError
+from runtime.errors import AdafuseError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "models": ("adafuse.cli_models", "list, fetch and locate the offline models"),
+    "models": ("runtime.cli_models", "list, fetch and locate the offline models"),
     "generate": ("adafuse.cli_generate", "generate text with one model (optionally speculative) or an ensemble"),
     "bound": ("specdec.bound_cli", "measure verifiers against the optimal acceptance rate on real distributions"),
     "eval": ("eval.cli", "run an evaluation config (tasks x methods) and write predictions/metrics"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from adafuse.errors import AdafuseError
+from runtime.errors import AdafuseError
 
 _PARTS = ("specdec.generate_cli", "adafuse.ensemble_cli")
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     part = _optional("specdec.generate_cli")
     if part is not None:
         return part.run(args)
-    from adafuse.member import load_member
+    from runtime.member import load_member
 
     member = load_member(args.model, dtype=args.dtype)
     outs = member.generate(args.prompt, max_new_tokens=args.max_new_tokens, stop=args.stop,

@@ -19,8 +19,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from adafuse.errors import ConfigError
-from adafuse.outputs import GenerationOutput
+from runtime.errors import ConfigError
+from runtime.outputs import GenerationOutput
 
 METHOD_MODULES = {
     "single": None,
@@ -71,7 +71,7 @@ class EnsembleConfig:
 
 def resolve_member(spec: Any, dtype: str):
     """A `Member` from a registry name / folder / hub id, a `(model, tokenizer)` pair or a `Member`."""
-    from adafuse.member import Member, load_member
+    from runtime.member import Member, load_member
 
     if isinstance(spec, Member):
         return spec

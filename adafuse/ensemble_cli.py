@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 
 METHODS = ("adafuse", "word-fixed", "token-union", "sample-rerank", "single")
 _KNOBS = ("threshold", "span", "candidates", "normalise", "calibration", "draft_candidates")

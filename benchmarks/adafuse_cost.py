@@ -64,7 +64,7 @@ PREFILL_S = [0.0]  # seconds spent in Member.start (prompt prefill), see `time_p
 
 def time_prefill() -> None:
     """Accumulate the wall time of every `Member.start` into PREFILL_S (to report decoding alone)."""
-    from adafuse.member import Member
+    from runtime.member import Member
 
     start = Member.start
 
@@ -112,7 +112,7 @@ def cost_main(args) -> None:
     import torch
 
     from adafuse.ensemble import Ensemble
-    from adafuse.member import PrefixCache, load_member
+    from runtime.member import PrefixCache, load_member
 
     torch.set_num_threads(args.threads)
     time_prefill()
@@ -199,7 +199,7 @@ def normalisation_main(args) -> None:
     import torch
 
     from adafuse.gate import top2_margin
-    from adafuse.member import load_member
+    from runtime.member import load_member
     from adafuse.methods.word_level import Candidate, WordConfig, WordFusion
     from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, fuse_scores, normalised_score
     from adafuse.words import split_words

@@ -1,4 +1,4 @@
-"""Prompt prefill with and without the prefix-chunk cache (`adafuse.member.PrefixCache`), one process.
+"""Prompt prefill with and without the prefix-chunk cache (`runtime.member.PrefixCache`), one process.
 
 k-shot evaluation prompts share their exemplars. For each member, the GSM8K k-shot prompts of
 `--limit` test questions are prefilled in batches of `--batch_size` (`Member.start`, which is what
@@ -27,7 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def main() -> None:
     import torch
 
-    from adafuse.member import load_member
+    from runtime.member import load_member
     from adafuse_cost import gsm8k_prompts
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -42,7 +42,7 @@ new tokens; docs/results/specdec/speed_fp32.md has the command and the table):
     | 0.7 | ours-lookup:1:8:2:2 | 4.09 | 1.59 | 1.18 | - |
     | 0.7 | ours-hybrid:greedy:1:8:0.4 | 3.59 | 1.40 | 3.65 | - |
 
-What limits it: most of the gain is the packed weights (`adafuse.packed_linear`): transformers' own
+What limits it: most of the gain is the packed weights (`runtime.packed_linear`): transformers' own
 generate on the packed model is already 1.54x / 1.41x. Speculation adds 1.06-1.15x on top: a target
 forward over 6-9 tokens costs only ~1.3-1.5x a one-token forward once packed, but each 0.5B drafter
 forward costs ~0.32x a target forward (~107 ms vs ~335 ms), so a round drafting ~5.5 tokens for ~4.5
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=None, help="write per-prompt rows and the summary as JSON")
     args = ap.parse_args(argv)
 
-    from adafuse.member import load_member
+    from runtime.member import load_member
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     rows = run_methods(hf_methods, target, drafter, prompts, temps, args, {})
     _INT8["m"] = quantize_int8_if_needed(our_methods, drafter)
     if not args.no_pack:
-        from adafuse.packed_linear import pack_linear_weights
+        from runtime.packed_linear import pack_linear_weights
 
         for m in (target, drafter):
             if m is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 from eval.config import load_config
 
 

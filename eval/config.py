@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 from eval.methods import known_methods
 from eval.schema import Field, validate
 from eval.task import Task, get_task

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 
 Doc = dict[str, Any]
 DATA_HINT = "pass --data_dir DIR (or set ADAFUSE_DATA) to the folder holding gsm8k/, nq_open/ and wmt22/"

@@ -1,7 +1,7 @@
 """Generation backends for evaluation: a method name + member names -> an object with
 `generate(prompts, *, max_new_tokens, stop, temperature=0.0, seed=None) -> list[GenerationOutput]`.
 
-- `single`: one member via `adafuse.registry.load_member` (loaded once per process, cached by
+- `single`: one member via `runtime.registry.load_member` (loaded once per process, cached by
   (name, dtype)); with `options: {drafter: NAME, ...}` it becomes speculative through
   `specdec.SpeculativeGenerator`.
 - every other name (`adafuse`, `token-union`, `word-fixed`, `sample-rerank`, ...) goes to
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from adafuse.errors import AdafuseError, ConfigError
-from adafuse.outputs import GenerationOutput
+from runtime.errors import AdafuseError, ConfigError
+from runtime.outputs import GenerationOutput
 
 
 class Generator(Protocol):
@@ -49,17 +49,17 @@ def known_methods() -> list[str]:
 
 def _load_member_fn() -> Callable[..., Any]:
     try:
-        from adafuse.registry import load_member
+        from runtime.registry import load_member
     except ImportError:
         try:
-            from adafuse.member import load_member
+            from runtime.member import load_member
         except ImportError as exc:
-            raise MissingBackendError(f"method 'single' needs adafuse.registry.load_member, which is not available ({exc})") from None
+            raise MissingBackendError(f"method 'single' needs runtime.registry.load_member, which is not available ({exc})") from None
     return load_member
 
 
 def load_member_cached(name: str, dtype: str = "float32") -> Any:
-    """`adafuse.registry.load_member(name, dtype=dtype)`, once per (name, dtype) per process."""
+    """`runtime.registry.load_member(name, dtype=dtype)`, once per (name, dtype) per process."""
     key = (name, dtype)
     if key not in _MEMBER_CACHE:
         _MEMBER_CACHE[key] = _load_member_fn()(name, dtype=dtype)

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 
 COST_AXES = {"forward_passes": "forward passes / example", "wall_s": "wall s / example",
              "tokens_processed": "tokens processed / example"}

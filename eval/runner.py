@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import yaml
 
-from adafuse.errors import ConfigError
-from adafuse.outputs import GenerationOutput
+from runtime.errors import ConfigError
+from runtime.outputs import GenerationOutput
 from eval.config import EvalConfig, RunSpec, TaskSpec
 from eval.data import Doc, resolve_data_dir
 from eval.methods import Generator, build_generator

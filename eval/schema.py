@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 
 
 @dataclass(frozen=True)

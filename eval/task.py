@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from adafuse.errors import ConfigError
-from adafuse.prompts import ChatPrompt, fewshot_messages
+from runtime.errors import ConfigError
+from runtime.prompts import ChatPrompt, fewshot_messages
 from eval import metrics as M
 from eval.data import DATASETS, Doc
 from eval.schema import Field, validate

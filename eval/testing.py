@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adafuse.outputs import Cost, GenerationOutput
+from runtime.outputs import Cost, GenerationOutput
 from eval import methods
 
 

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---- data --------------------------------------------------------------------------------------
 def data_dir(arg: str | None) -> Path:
     """--data_dir, else $ADAFUSE_DATA, else ../shared/data relative to the current directory."""
-    from adafuse.errors import ConfigError
+    from runtime.errors import ConfigError
 
     path = Path(arg or os.environ.get("ADAFUSE_DATA") or "../shared/data")
     if not (path / "gsm8k").is_dir():
@@ -143,7 +143,7 @@ def collect(args, prompts: list[tuple[str, str]], cache: Path) -> list[PromptLog
     paths = [cache / f"{_cache_key(args, d, t)}.pt" for d, t in prompts]
     missing = [i for i, p in enumerate(paths) if not p.exists()]
     if missing:
-        from adafuse.member import load_member
+        from runtime.member import load_member
 
         partial: dict[int, dict] = {}
         target = load_member(args.target, dtype=args.dtype)
@@ -165,7 +165,7 @@ def collect(args, prompts: list[tuple[str, str]], cache: Path) -> list[PromptLog
         del target
         draft = load_member(args.draft, dtype=args.dtype)
         if draft.vocab_size != vocab:
-            from adafuse.errors import TokenizerMismatchError
+            from runtime.errors import TokenizerMismatchError
 
             raise TokenizerMismatchError(f"draft vocab {draft.vocab_size} != target vocab {vocab}: they must share a tokenizer")
         for i in tqdm(missing, desc=f"draft {args.draft}", unit="prompt", file=sys.stderr):
@@ -310,7 +310,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def run(args) -> int:
-    from adafuse.errors import ConfigError
+    from runtime.errors import ConfigError
 
     methods = [m.strip().replace("_", "-") for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHOD_SCHEMES or m == "lp-optimal"]

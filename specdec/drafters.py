@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from adafuse.text_state import common_prefix_len
-from adafuse.errors import TokenizerMismatchError
-from adafuse.member import KVState, Member
-from adafuse.sampling import logits_to_probs
+from runtime.text_state import common_prefix_len
+from runtime.errors import TokenizerMismatchError
+from runtime.member import KVState, Member
+from runtime.sampling import logits_to_probs
 from specdec.tree import DraftTree, add_children, tree_from_sequences
 
 
@@ -396,7 +396,7 @@ def quantize_int8(member: Member) -> Member:
     import copy
     import warnings
 
-    from adafuse.packed_linear import is_packed
+    from runtime.packed_linear import is_packed
 
     if is_packed(member.model):
         raise ValueError(f"int8 drafter: {member.name} has packed weights; load it with pack_weights=False")
@@ -428,7 +428,7 @@ def make_drafter(spec, dtype: str = "float32", stop_below: float = DEFAULT_STOP_
     """A drafter from a spec: None/'none' -> None; 'lookup' -> gated prompt lookup; 'hybrid:NAME' ->
     lookup, else the model; a registry name / folder / hub id or a `Member` -> a model drafter; a
     trailing '@int8' on a name quantizes the drafter's decoder layers to int8 (CPU); a `Drafter` is
-    returned as is. `load(name)` loads members (default `adafuse.member.load_member`)."""
+    returned as is. `load(name)` loads members (default `runtime.member.load_member`)."""
     if isinstance(spec, Drafter):
         return spec
     if isinstance(spec, Member):
@@ -437,7 +437,7 @@ def make_drafter(spec, dtype: str = "float32", stop_below: float = DEFAULT_STOP_
         return None
     if spec == "lookup":
         return PromptLookupDrafter(ngram_max=3, ngram_min=2, min_length=2)
-    from adafuse.member import load_member
+    from runtime.member import load_member
 
     def model(name: str) -> ModelDrafter:
         if name.endswith("@int8"):

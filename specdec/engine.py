@@ -26,9 +26,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from adafuse.member import KVState, Member, check_finished, make_generators, split_batch_cost
-from adafuse.outputs import Cost, GenerationOutput
-from adafuse.sampling import logits_to_probs
+from runtime.member import KVState, Member, check_finished, make_generators, split_batch_cost
+from runtime.outputs import Cost, GenerationOutput
+from runtime.sampling import logits_to_probs
 from specdec.drafters import Drafter, drafter_member
 from specdec.tree import DraftTree, forward_inputs
 

@@ -29,7 +29,7 @@ def build(args: argparse.Namespace, target):
     from specdec.drafters import DEFAULT_STOP_BELOW, default_shape, make_drafter
     from specdec.engine import SpeculativeGenerator
 
-    from adafuse.errors import AdafuseError, ConfigError
+    from runtime.errors import AdafuseError, ConfigError
 
     stop_below = getattr(args, "stop_below", None)
     try:
@@ -46,7 +46,7 @@ def build(args: argparse.Namespace, target):
 
 
 def run(args: argparse.Namespace) -> int:
-    from adafuse.member import load_member
+    from runtime.member import load_member
 
     target = load_member(args.model, dtype=args.dtype)
     gen = build(args, target)

@@ -10,8 +10,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from adafuse import registry
-    from adafuse.member import load_member
+    from runtime import registry
+    from runtime.member import load_member
 
     registry.fetch("smollm2-135m")
     return load_member("smollm2-135m", dtype="float32")

@@ -11,8 +11,8 @@ PROMPTS = ["Question: Tom has 3 apples and buys 2 more. How many apples does he 
 
 @pytest.fixture(scope="module")
 def gemma():
-    from adafuse import registry
-    from adafuse.member import load_member
+    from runtime import registry
+    from runtime.member import load_member
 
     registry.fetch("gemma3-270m")
     return load_member("gemma3-270m", dtype="float32")

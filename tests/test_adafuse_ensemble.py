@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from adafuse.ensemble import Ensemble
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 from adafuse.methods.word_level import WordConfig, WordFusion
-from adafuse.testing import bpe_tokenizer, char_tokenizer
+from runtime.testing import bpe_tokenizer, char_tokenizer
 from test_adafuse_helpers import scripted_member, spacey_member
 
 P = "Question: what is 16*16?\nAnswer:"
@@ -235,7 +235,7 @@ def rounds_checked_against_fresh_reference(members, outs, cfg) -> int:
     from scratch: candidates = each member's top-B first tokens completed greedily to the word end,
     scores = the members' log-probs of each candidate. Returns how many scores were checked."""
     from adafuse.scoring import normalised_score
-    from adafuse.text_state import MemberText
+    from runtime.text_state import MemberText
     prompt_ids = [MemberText(m, PROMPTS, chat=None).prompt_ids for m in members]
     checked = 0
     for b, out in enumerate(outs):
@@ -365,7 +365,7 @@ def test_flush_guesses_change_no_output(request, pair, lead, method, monkeypatch
     texts, gate decisions, candidates and (to float rounding) scores equal a run without them. With
     a shared BPE the non-lead's first tokens are often among the lead's guesses, which saves it
     forwards."""
-    from adafuse.member import KVState
+    from runtime.member import KVState
 
     members = request.getfixturevalue(pair)
     opened = []
@@ -589,7 +589,7 @@ def test_speculative_lead_costs_no_more_lead_forwards(spacey):
 
 
 def test_forward_tree_logits_at_matches_full_logits(spacey):
-    # adafuse/member.py: forward_tree(..., logits_at=) computes the LM head only at chosen nodes
+    # runtime/member.py: forward_tree(..., logits_at=) computes the LM head only at chosen nodes
     member = spacey[1]
     state = member.start([member.encode("The quick brown"), member.encode("Question: who")])
     tokens = [[5, 6, 7, 8], [9, 10]]

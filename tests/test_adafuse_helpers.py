@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from adafuse.member import Member
-from adafuse.testing import tiny_model
+from runtime.member import Member
+from runtime.testing import tiny_model
 
 
 class ScriptedLM(torch.nn.Module):

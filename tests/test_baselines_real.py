@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from adafuse import registry
+from runtime import registry
 
 pytestmark = pytest.mark.slow
 
@@ -14,7 +14,7 @@ PROMPT = ["Question: What is the capital of France?\nAnswer:"]
 
 @pytest.fixture(scope="module")
 def members(smollm2):
-    from adafuse.member import load_member
+    from runtime.member import load_member
 
     registry.fetch("gemma3-270m")  # a no-op once fetched, like conftest's smollm2 fixture
     return [smollm2, load_member("gemma3-270m")]

@@ -3,10 +3,10 @@ the best weighted mean wins, sampling is seeded and batch-invariant, option erro
 import pytest
 import torch
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 from adafuse.methods import sample_rerank as sr
 from adafuse.scoring import combine_scores, normalised_score
-from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
+from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 
 PROMPTS = ["Question: how many clips?", "The quick"]
 

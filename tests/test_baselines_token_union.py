@@ -3,10 +3,10 @@ greedy equality with a single member, batch invariance, option errors."""
 import pytest
 import torch
 
-from adafuse.errors import ConfigError
-from adafuse.member import KVState
+from runtime.errors import ConfigError
+from runtime.member import KVState
 from adafuse.methods import token_union as tu
-from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
+from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 
 PROMPTS = ["Question: how many clips?", "The quick"]
 

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from adafuse import registry
+from runtime import registry
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def test_fetch_is_idempotent():
 
 
 def test_loads_fast_and_answers_gsm8k(smollm2):
-    from adafuse.member import load_member
+    from runtime.member import load_member
 
     t0 = time.perf_counter()
     load_member("smollm2-135m")
@@ -52,7 +52,7 @@ def test_packed_weights_give_transformers_greedy_tokens(smollm2):
     exactly those of the unmodified transformers model's `generate`."""
     from transformers import AutoModelForCausalLM
 
-    from adafuse.packed_linear import is_packed, packing_available
+    from runtime.packed_linear import is_packed, packing_available
 
     if not packing_available():
         pytest.skip("torch built without oneDNN")

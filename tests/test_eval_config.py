@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from adafuse.errors import AdafuseError, ConfigError
+from runtime.errors import AdafuseError, ConfigError
 from eval.config import load_config, parse_config
 from eval.data import DataNotFoundError, resolve_data_dir
 from eval.task import available_tasks, get_task

@@ -23,8 +23,8 @@ def _clear():
 
 
 def test_single_with_tiny_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    testing = pytest.importorskip("adafuse.testing")
-    pytest.importorskip("adafuse.member")
+    testing = pytest.importorskip("runtime.testing")
+    pytest.importorskip("runtime.member")
     loads: list[tuple[str, str]] = []
 
     def fake_load(name: str, dtype: str = "float32", **kw):
@@ -57,7 +57,7 @@ def test_single_with_tiny_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.slow
 def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
-    registry = pytest.importorskip("adafuse.registry")
+    registry = pytest.importorskip("runtime.registry")
     if not registry.is_ready("smollm2-135m"):
         pytest.skip("smollm2-135m not fetched (adafuse models fetch smollm2-135m)")
     from eval.data import resolve_data_dir
@@ -78,7 +78,7 @@ def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
 @pytest.mark.parametrize("method", ["adafuse", "token-union"])
 def test_ensemble_with_tiny_members(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """Ensemble methods through `adafuse.Ensemble` with members of different tokenizers (tiny models)."""
-    testing = pytest.importorskip("adafuse.testing")
+    testing = pytest.importorskip("runtime.testing")
     pytest.importorskip("adafuse.ensemble")
     toks = {"tiny-char": testing.char_tokenizer, "tiny-bpe": testing.bpe_tokenizer}
     monkeypatch.setattr(methods, "_load_member_fn", lambda: lambda name, dtype="float32", **kw: testing.tiny_member(

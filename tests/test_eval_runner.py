@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from adafuse.cli import main as adafuse_main
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 from eval import methods
 from eval.config import parse_config
 from eval.report import collect, markdown_table, report

@@ -4,13 +4,13 @@ import copy
 import pytest
 import torch
 
-from adafuse.gqa_attention import NAME, use_gqa_sdpa
-from adafuse.testing import char_tokenizer, tiny_model
+from runtime.gqa_attention import NAME, use_gqa_sdpa
+from runtime.testing import char_tokenizer, tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_gqa_sdpa_equals_sdpa_on_tree_forwards(arch):
-    from adafuse.member import Member
+    from runtime.member import Member
 
     ref_model = tiny_model(arch)
     model = copy.deepcopy(ref_model)

@@ -5,8 +5,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from adafuse.kv_cache import MIN_CAPACITY, GrowableCache, GrowableLayer, grown_capacity
-from adafuse.testing import tiny_member
+from runtime.kv_cache import MIN_CAPACITY, GrowableCache, GrowableLayer, grown_capacity
+from runtime.testing import tiny_member
 
 B, H, D = 2, 3, 4
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from adafuse.member import KVState
-from adafuse.sampling import logits_to_probs
-from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
+from runtime.member import KVState
+from runtime.sampling import logits_to_probs
+from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 
 ARCHS = ["llama", "qwen2", "gemma3"]
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -271,7 +271,7 @@ def test_warpers_match_transformers():
 
 
 def test_chat_prompt_formats_exemplars_as_turns():
-    from adafuse.prompts import ChatPrompt, fewshot_messages
+    from runtime.prompts import ChatPrompt, fewshot_messages
 
     tok = bpe_tokenizer()
     m = tiny_member("llama", tokenizer=tok)

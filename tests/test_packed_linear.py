@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from adafuse import packed_linear
-from adafuse.packed_linear import PackedLinear, is_packed, native_bf16, pack_linear_weights, packing_available
-from adafuse.testing import char_tokenizer, tiny_model
+from runtime import packed_linear
+from runtime.packed_linear import PackedLinear, is_packed, native_bf16, pack_linear_weights, packing_available
+from runtime.testing import char_tokenizer, tiny_model
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="torch built without oneDNN")
 
@@ -68,7 +68,7 @@ def test_packed_bfloat16_model_matches_linear(arch):
 
 
 def test_int8_drafter_refuses_packed_member():
-    from adafuse.testing import tiny_member
+    from runtime.testing import tiny_member
     from specdec.drafters import quantize_int8
 
     m = tiny_member("llama")
@@ -78,7 +78,7 @@ def test_int8_drafter_refuses_packed_member():
 
 
 def test_only_tokens_computes_the_masked_rows_and_zeros_the_rest():
-    from adafuse.packed_linear import only_tokens
+    from runtime.packed_linear import only_tokens
 
     torch.manual_seed(0)
     lin = nn.Linear(24, 40)
@@ -116,8 +116,8 @@ def test_pack_marks_the_lm_head():
 def test_ragged_tree_forwards_equal_one_row_at_a_time(arch, packed):
     """Rows with different node counts in one forward (padding skipped by packed layers, LM head only
     where asked, grouped K/V attention) give each row the logits it gets alone."""
-    from adafuse.gqa_attention import use_gqa_sdpa
-    from adafuse.member import Member
+    from runtime.gqa_attention import use_gqa_sdpa
+    from runtime.member import Member
 
     model = tiny_model(arch, vocab_size=64)
     if packed:

@@ -4,10 +4,10 @@ import sys
 
 import pytest
 
-from adafuse import registry
-from adafuse.errors import InsufficientMemoryError, ModelNotFetchedError, UnknownModelError
-from adafuse.member import load_member
-from adafuse.testing import char_tokenizer, tiny_model
+from runtime import registry
+from runtime.errors import InsufficientMemoryError, ModelNotFetchedError, UnknownModelError
+from runtime.member import load_member
+from runtime.testing import char_tokenizer, tiny_model
 
 
 def test_known_names():

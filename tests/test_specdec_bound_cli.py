@@ -45,8 +45,8 @@ def test_fake_source_report(tmp_path, capsys):
 
 
 def test_collect_with_tiny_members_uses_cache(tmp_path, monkeypatch):
-    from adafuse import member as member_mod
-    from adafuse.testing import bpe_tokenizer, tiny_member
+    from runtime import member as member_mod
+    from runtime.testing import bpe_tokenizer, tiny_member
 
     data = tmp_path / "data"
     (data / "gsm8k").mkdir(parents=True)
@@ -80,7 +80,7 @@ def test_collect_with_tiny_members_uses_cache(tmp_path, monkeypatch):
 
 
 def test_missing_data_dir_is_a_clear_error(tmp_path):
-    from adafuse.errors import ConfigError
+    from runtime.errors import ConfigError
 
     with pytest.raises(ConfigError, match="data_dir"):
         bound_cli.data_dir(str(tmp_path / "nowhere"))

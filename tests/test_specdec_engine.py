@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adafuse.errors import TokenizerMismatchError
-from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
+from runtime.errors import TokenizerMismatchError
+from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.engine import SpeculativeGenerator
 
@@ -176,8 +176,8 @@ def test_alpha_star_reported_beside_acceptance(pair):
 def test_real_smollm2_prompt_lookup_greedy_equality():
     """Real smollm2-135m (fp32, chat template): prompt lookup reproduces plain greedy decoding on 20
     real GSM8K / WMT22 prompts x 64 tokens."""
-    from adafuse import registry
-    from adafuse.member import load_member
+    from runtime import registry
+    from runtime.member import load_member
 
     if not registry.is_ready("smollm2-135m"):
         pytest.skip("smollm2-135m is not fetched")

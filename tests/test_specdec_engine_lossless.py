@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy import stats
 
-from adafuse.member import Member
-from adafuse.sampling import logits_to_probs
-from adafuse.testing import tiny_model
+from runtime.member import Member
+from runtime.sampling import logits_to_probs
+from runtime.testing import tiny_model
 from specdec import engine as engine_mod
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.engine import SpeculativeGenerator

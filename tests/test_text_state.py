@@ -3,8 +3,8 @@ import random
 
 import torch
 
-from adafuse.testing import bpe_tokenizer, char_tokenizer, tiny_member
-from adafuse.text_state import MemberText, common_prefix_len
+from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
+from runtime.text_state import MemberText, common_prefix_len
 
 WORDS = [" The", " quick", " 18", " apples", ",", " 16*16", " =", " 256", ".", "\n", " Answer:", " Natalia",
          "clips", " $12", " 1", "8", " years", " old"]

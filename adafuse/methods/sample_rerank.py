@@ -22,11 +22,11 @@ from typing import Any, Sequence
 
 import torch
 
-from adafuse.errors import ConfigError
-from adafuse.member import _END_OF_TURN_TOKENS, Member, check_finished, split_batch_cost
+from runtime.errors import ConfigError
+from runtime.member import _END_OF_TURN_TOKENS, Member, check_finished, split_batch_cost
 from adafuse.methods.token_union import batch_cost, check_call
-from adafuse.outputs import Cost, GenerationOutput
-from adafuse.sampling import sample
+from runtime.outputs import Cost, GenerationOutput
+from runtime.sampling import sample
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 
 METHOD = "sample-rerank"

@@ -38,10 +38,10 @@ from typing import Any, Sequence
 
 import torch
 
-from adafuse.errors import ConfigError
-from adafuse.member import Member, make_generators, split_batch_cost
-from adafuse.outputs import Cost, GenerationOutput
-from adafuse.text_state import MemberText
+from runtime.errors import ConfigError
+from runtime.member import Member, make_generators, split_batch_cost
+from runtime.outputs import Cost, GenerationOutput
+from runtime.text_state import MemberText
 
 METHOD = "token-union"
 OPTIONS: dict[str, Any] = {"top_k": 10, "missing": "first-token"}

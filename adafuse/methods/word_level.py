@@ -49,13 +49,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from adafuse.errors import ConfigError
+from runtime.errors import ConfigError
 from adafuse.gate import top2_margin
-from adafuse.member import KVState, Member, make_generators, split_batch_cost
-from adafuse.outputs import Cost, GenerationOutput
-from adafuse.sampling import sample
+from runtime.member import KVState, Member, make_generators, split_batch_cost
+from runtime.outputs import Cost, GenerationOutput
+from runtime.sampling import sample
 from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, choose, fuse_scores, normalised_score
-from adafuse.text_state import MemberText
+from runtime.text_state import MemberText
 from adafuse.words import word_end
 
 EOS_KEY = "<eos>"

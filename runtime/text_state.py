@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from adafuse.member import KVState, Member
+from runtime.member import KVState, Member
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -4,7 +4,7 @@
 - `bpe_tokenizer(vocab_size)`: a byte-level BPE trained on the fly on a small English corpus.
 - `tiny_model(arch, vocab_size, seed)`: a 2-layer llama / qwen2 / gemma3 (gemma3 with a sliding
   window of 4 on alternate layers, so sliding masks are exercised).
-- `tiny_member(arch, tokenizer, seed)`: both wrapped as an `adafuse.member.Member`.
+- `tiny_member(arch, tokenizer, seed)`: both wrapped as an `runtime.member.Member`.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def tiny_model(arch: str = "llama", vocab_size: int = 64, seed: int = 0, hidden:
 
 def tiny_member(arch: str = "llama", tokenizer=None, seed: int = 0, name: str | None = None, **kwargs):
     """A `Member` around `tiny_model`, with a vocabulary sized to the tokenizer."""
-    from adafuse.member import Member
+    from runtime.member import Member
 
     tokenizer = tokenizer if tokenizer is not None else char_tokenizer()
     model = tiny_model(arch, vocab_size=len(tokenizer), seed=seed, **kwargs)

@@ -32,9 +32,9 @@ from typing import Sequence
 
 import torch
 
-from adafuse.outputs import Cost, GenerationOutput
-from adafuse.sampling import logits_to_probs, sample
-from adafuse.packed_linear import only_tokens
+from runtime.outputs import Cost, GenerationOutput
+from runtime.sampling import logits_to_probs, sample
+from runtime.packed_linear import only_tokens
 
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
 
@@ -179,7 +179,7 @@ class Member:
         use_chat = self.use_chat_template if chat is None else (chat and self.use_chat_template)
         if not use_chat:
             return str(text)
-        turns = getattr(text, "messages", None)  # adafuse.prompts.ChatPrompt: exemplars as turns
+        turns = getattr(text, "messages", None)  # runtime.prompts.ChatPrompt: exemplars as turns
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages += turns if turns else [{"role": "user", "content": str(text)}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -329,7 +329,7 @@ class KVState:
     """Token ids + KV cache of a batch of rows of one member. See the module docstring."""
 
     def __init__(self, member: Member, batch_size: int):
-        from adafuse.kv_cache import GrowableCache
+        from runtime.kv_cache import GrowableCache
 
         self.member = member
         self.batch_size = batch_size
@@ -867,14 +867,14 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
 
     `pack_weights` (default: on on CPU for float32, and for bfloat16 where the CPU has native
     bfloat16, `packed_linear.native_bf16`) swaps the Linear layers for oneDNN-packed ones
-    (`adafuse.packed_linear`): same outputs to float32 rounding, 1.2-3x faster multi-token forwards;
+    (`runtime.packed_linear`): same outputs to float32 rounding, 1.2-3x faster multi-token forwards;
     packed layers also skip the padding of rows with fewer new tokens. On CPU, `sdpa` attention keeps
-    grouped K/V heads grouped under our tree masks (`adafuse.gqa_attention`; identical outputs)."""
+    grouped K/V heads grouped under our tree masks (`runtime.gqa_attention`; identical outputs)."""
     import os
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adafuse import registry
+    from runtime import registry
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1") if name_or_path in registry.REGISTRY else None
     display, where = registry.resolve(name_or_path)
@@ -884,15 +884,15 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     tok = AutoTokenizer.from_pretrained(str(where))
     model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype).to(device)
     if pack_weights is None:
-        from adafuse.packed_linear import packable_dtypes
+        from runtime.packed_linear import packable_dtypes
 
         pack_weights = torch.device(device).type == "cpu" and torch_dtype in packable_dtypes()
     if pack_weights:
-        from adafuse.packed_linear import pack_linear_weights
+        from runtime.packed_linear import pack_linear_weights
 
         pack_linear_weights(model)
     if torch.device(device).type == "cpu":
-        from adafuse.gqa_attention import use_gqa_sdpa
+        from runtime.gqa_attention import use_gqa_sdpa
 
         use_gqa_sdpa(model)
     return Member(model, tok, name=display, use_chat_template=use_chat_template)
@@ -904,7 +904,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
-        from adafuse.errors import AdafuseError
+        from runtime.errors import AdafuseError
 
         raise AdafuseError(f"unknown dtype '{dtype}'; use one of: float32, bfloat16, float16")
     return table[dtype]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from adafuse.errors import AdafuseError, InsufficientMemoryError, ModelNotFetchedError, UnknownModelError
+from runtime.errors import AdafuseError, InsufficientMemoryError, ModelNotFetchedError, UnknownModelError
 
 MARKER = "adafuse_model.json"
 

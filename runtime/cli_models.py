@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from adafuse import registry
+from runtime import registry
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
