@@ -32,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from runtime.outputs import Cost, GenerationOutput
+from runtime.outputs import Cost, GenerationOutput, split_batch_cost
 from runtime.sampling import logits_to_probs, sample
 from runtime.packed_linear import only_tokens
 
@@ -310,19 +310,6 @@ def check_finished(member: Member, new_ids: list[int], stop: Sequence[str], max_
     if len(new_ids) >= max_new_tokens:
         return "length", text
     return None, text
-
-
-def split_batch_cost(outs: list[GenerationOutput]) -> list[GenerationOutput]:
-    """Spread the cost recorded on outs[0] (a whole batch's) evenly over the rows."""
-    total = outs[0].cost
-    n = len(outs)
-    for o in outs:
-        c = Cost(wall_time_s=total.wall_time_s / n)
-        for name in total.forward_passes:
-            c.forward_passes[name] = total.forward_passes[name] / n
-            c.tokens_processed[name] = total.tokens_processed[name] / n
-        o.cost = c
-    return outs
 
 
 class KVState:

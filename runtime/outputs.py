@@ -1,8 +1,9 @@
 """Small dataclasses that flow out of every generation path (single member, speculative, ensemble)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 
 @dataclass
@@ -57,3 +58,39 @@ class GenerationOutput:
             "cost": self.cost.to_dict(),
             "stats": self.stats,
         }
+
+
+class CostMeter:
+    """Counts what a generation costs: snapshots the counters of the models it runs (members and
+    their drafters' models, each once) when created; `cost()` is what they did since, with the wall
+    time. Every generation path measures through this."""
+
+    def __init__(self, models: Sequence[Any]):
+        self.models: list[Any] = []
+        for m in models:
+            if m is not None and all(m is not x for x in self.models):
+                self.models.append(m)
+        self._snaps = [m.counters.snapshot() for m in self.models]
+        self._t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def cost(self) -> Cost:
+        total = Cost(wall_time_s=self.elapsed())
+        for m, snap in zip(self.models, self._snaps):
+            total.add(m.name, m.counters.forward_passes - snap[0], m.counters.tokens_processed - snap[1])
+        return total
+
+
+def split_batch_cost(outs: list[GenerationOutput]) -> list[GenerationOutput]:
+    """Spread the cost recorded on outs[0] (a whole batch's) evenly over the rows."""
+    total = outs[0].cost
+    n = len(outs)
+    for o in outs:
+        c = Cost(wall_time_s=total.wall_time_s / n)
+        for name in total.forward_passes:
+            c.forward_passes[name] = total.forward_passes[name] / n
+            c.tokens_processed[name] = total.tokens_processed[name] / n
+        o.cost = c
+    return outs

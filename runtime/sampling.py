@@ -5,6 +5,9 @@ Pure functions: tensors in, tensors out. Temperature 0 means greedy: a one-hot a
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 
@@ -58,3 +61,38 @@ def sample(
         return torch.multinomial(probs, 1).squeeze(-1)
     out = [torch.multinomial(probs[b], 1, generator=g).squeeze(-1) for b, g in enumerate(generators)]
     return torch.stack(out)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn (transformers' `GenerationConfig` names): temperature 0 is greedy; row i
+    of a batch samples from its own generator seeded `seed + i`, so a batched run equals per-row
+    runs (`seed=None`: torch's global generator)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature={t!r} is invalid: a finite number >= 0")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} is invalid: an integer >= 0 (0: off)")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p!r} is invalid: a number in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generators(self, n: int, device="cpu") -> list[torch.Generator] | None:
+        """One generator per row, seeded `seed + row` (None without a seed)."""
+        if self.seed is None:
+            return None
+        return [torch.Generator(device=device).manual_seed(int(self.seed) + i) for i in range(n)]
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits_to_probs` with these parameters."""
+        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
