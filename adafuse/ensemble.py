@@ -5,31 +5,22 @@
     outs[0].text, outs[0].trace, outs[0].cost
 
 Members: registry names, local folders, hub ids, loaded `(model, tokenizer)` pairs or `Member`s.
-Methods (`method=`), each a module with the same `generate(members, prompts, *, ...)` signature:
-- `single`        the lead member alone (speculative when it has a drafter);
-- `adafuse`       gated adaptive-span word-level ensembling (`adafuse.methods.word_level`);
-- `word-fixed`    the same machinery with the gate off: every word is ensembled;
-- `token-union`   (`adafuse.methods.token_union`) and `sample-rerank` (`adafuse.methods.sample_rerank`).
-Method options (`**config`) are validated when the ensemble is built; bad ones raise a one-line
-`ConfigError`.
+Methods (`method=`): the `Method`s registered in `adafuse.methods` (single, adafuse, word-fixed,
+token-union, sample-rerank). Method options (`**config`) are parsed into the method's options
+dataclass when the ensemble is built; bad ones raise a one-line `ConfigError` before any model loads.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from adafuse.methods import GenerationRequest, Method, get_method
+from adafuse.methods.base import check_members
 from runtime.errors import ConfigError
+from runtime.member import Member, load_member
 from runtime.outputs import GenerationOutput
-
-METHOD_MODULES = {
-    "single": None,
-    "adafuse": "adafuse.methods.word_level",
-    "word-fixed": "adafuse.methods.word_level",
-    "token-union": "adafuse.methods.token_union",
-    "sample-rerank": "adafuse.methods.sample_rerank",
-}
-WORD_LEVEL = ("adafuse", "word-fixed")
+from specdec import drafters as dr
+from specdec.engine import SpeculativeGenerator
 
 
 @dataclass
@@ -43,27 +34,15 @@ class EnsembleConfig:
     chat: bool | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
-    def validate(self, num_members: int) -> None:
-        if self.method not in METHOD_MODULES:
-            raise ConfigError(f"unknown method '{self.method}'; use one of: {', '.join(METHOD_MODULES)}")
+    def validate(self, num_members: int) -> tuple[Method, Any]:
+        """The method and its parsed options; one-line `ConfigError`s for anything invalid."""
+        method = get_method(self.method)
         if num_members < 1:
             raise ConfigError("an ensemble needs at least one member")
-        if self.method != "single" and num_members < 2:
-            raise ConfigError(f"method '{self.method}' needs at least two members, got {num_members}")
-        if isinstance(self.lead, bool) or not isinstance(self.lead, int) or not 0 <= self.lead < num_members:
-            raise ConfigError(f"lead={self.lead!r} is invalid: an index in 0..{num_members - 1}")
-        if self.weights is not None:
-            w = list(self.weights)
-            if len(w) != num_members or any(not isinstance(x, (int, float)) or x < 0 for x in w) or sum(w) <= 0:
-                raise ConfigError(f"weights={w} are invalid: {num_members} non-negative numbers with a positive sum")
+        check_members(self.method, num_members, self.lead, self.weights, method.min_members)
         if self.chat not in (None, True, False):
             raise ConfigError(f"chat={self.chat!r} is invalid: True, False or None (each member's default)")
-        if self.method == "single" and self.options:
-            raise ConfigError(f"method 'single' takes no options, got {', '.join(sorted(self.options))}")
-        if self.method in WORD_LEVEL:
-            from adafuse.methods.word_level import WordConfig
-
-            WordConfig.from_options(self.method, dict(self.options, **({"gate": False} if self.method == "word-fixed" else {})))
+        return method, method.parse_options(self.options)
 
     def member_weights(self, num_members: int) -> list[float]:
         return [float(x) for x in self.weights] if self.weights is not None else [1.0] * num_members
@@ -71,8 +50,6 @@ class EnsembleConfig:
 
 def resolve_member(spec: Any, dtype: str):
     """A `Member` from a registry name / folder / hub id, a `(model, tokenizer)` pair or a `Member`."""
-    from runtime.member import Member, load_member
-
     if isinstance(spec, Member):
         return spec
     if isinstance(spec, str):
@@ -85,11 +62,6 @@ def resolve_member(spec: Any, dtype: str):
 def build_speculator(target, drafter: Any, dtype: str) -> Any:
     """A `specdec.SpeculativeGenerator` for `target` with `drafter`: "lookup" (prompt lookup), a
     model name / Member sharing the target's tokenizer, or a ready drafter object."""
-    try:
-        from specdec.engine import SpeculativeGenerator
-        from specdec import drafters as dr
-    except ImportError as exc:
-        raise ConfigError(f"speculative members need specdec.SpeculativeGenerator, not available ({exc})") from None
     drafter = dr.make_drafter(drafter, dtype, load=lambda name: resolve_member(name, dtype))
     return SpeculativeGenerator(target, drafter=drafter, **dr.default_shape(drafter))
 
@@ -104,7 +76,7 @@ class Ensemble:
             members = [m for m in str(members).split(",") if m]
         self.config = EnsembleConfig(method, list(weights) if weights is not None else None, lead, dtype, chat,
                                      dict(config))
-        self.config.validate(len(members))
+        self._method, self._options = self.config.validate(len(members))
         if drafters is not None and len(drafters) != len(members):
             raise ConfigError(f"drafters must list one entry (or None) per member: {len(members)} members, "
                               f"{len(drafters)} drafters")
@@ -128,27 +100,7 @@ class Ensemble:
             prompts = [prompts]
         if not prompts:
             return []
-        if max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens={max_new_tokens} is invalid: an integer >= 1")
-        if temperature < 0:
-            raise ConfigError(f"temperature={temperature} is invalid: >= 0")
-        cfg = self.config
-        stop = list(stop or [])
-        weights = cfg.member_weights(len(self.members))
-        if cfg.method == "single":
-            lead = self.members[cfg.lead]
-            spec = self.speculators[cfg.lead]
-            if spec is not None:
-                return spec.generate(list(prompts), max_new_tokens=max_new_tokens, stop=stop,
-                                     temperature=temperature, seed=seed, chat=cfg.chat)
-            return lead.generate(list(prompts), max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
-                                 seed=seed, chat=cfg.chat)
-        module = importlib.import_module(METHOD_MODULES[cfg.method])
-        extra: dict[str, Any] = dict(cfg.options)
-        if cfg.method in WORD_LEVEL:
-            extra["method"] = cfg.method
-            if any(s is not None for s in self.speculators):
-                extra["speculators"] = self.speculators
-        return module.generate(self.members, list(prompts), max_new_tokens=max_new_tokens, stop=stop,
-                               temperature=temperature, seed=seed, weights=weights, lead=cfg.lead, chat=cfg.chat,
-                               **extra)
+        request = GenerationRequest.make(prompts, max_new_tokens, stop, temperature, seed, chat=self.config.chat)
+        return self._method.generate(self.members, request, self._options, lead=self.config.lead,
+                                     weights=self.config.member_weights(len(self.members)),
+                                     speculators=self.speculators)

@@ -35,7 +35,7 @@ def test_token_union_real(members):
     alone = tu.generate([smol], PROMPT, **kwargs())[0]
     assert (alone.text, alone.num_tokens, alone.finish_reason) == (ref.text, ref.num_tokens, ref.finish_reason)
     out = tu.generate(members, PROMPT, **kwargs())[0]
-    pieces = [s["piece"] for s in out.trace["steps"]]
+    pieces = [s.piece for s in out.trace.steps]
     assert out.text.strip() and out.finish_reason in ("eos", "stop", "length")
     if out.finish_reason != "stop":
         assert out.text == "".join(p for p in pieces if p is not None)
@@ -47,9 +47,9 @@ def test_sample_rerank_real(members):
     from adafuse.methods import sample_rerank as sr
 
     out = sr.generate(members, PROMPT, **kwargs())[0]
-    answers = out.trace["answers"]
+    answers = out.trace.answers
     assert 1 <= len(answers) <= 2
-    assert {m for a in answers for m in a["by"]} == set(NAMES)
-    assert out.text == answers[out.trace["chosen"]]["text"]
-    assert all(math.isfinite(s) for a in answers for s in a["scores"])
+    assert {m for a in answers for m in a.by} == set(NAMES)
+    assert out.text == answers[out.trace.chosen].text
+    assert all(math.isfinite(s) for a in answers for s in a.scores)
     assert "Paris" in out.text

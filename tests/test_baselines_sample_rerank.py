@@ -62,20 +62,20 @@ def test_answers_scores_and_choice(pair, mode):
         outs = run(pair, weights=weights, normalise=mode)
         chosen = []
         for b, out in enumerate(outs):
-            answers = out.trace["answers"]
+            answers = out.trace.answers
             # every member's own greedy answer is a candidate, tagged with who wrote it
             for m, g in zip(pair, greedy):
-                hit = [a for a in answers if a["text"] == g[b].text and a["finish"] == g[b].finish_reason]
-                assert len(hit) == 1 and m.name in hit[0]["by"]
+                hit = [a for a in answers if a.text == g[b].text and a.finish == g[b].finish_reason]
+                assert len(hit) == 1 and m.name in hit[0].by
             # each member's score equals a fresh full forward; choice = best weighted mean
-            ref = torch.tensor([[ref_score(m, PROMPTS[b], a["text"] + a["stop"], a["finish"], mode) for a in answers]
+            ref = torch.tensor([[ref_score(m, PROMPTS[b], a.text + a.stop, a.finish, mode) for a in answers]
                                 for m in pair])
-            got = torch.tensor([a["scores"] for a in answers]).T
+            got = torch.tensor([a.scores for a in answers]).T
             torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)
             mean = combine_scores(ref, weights)
             best = int(torch.argmax(mean))
-            assert out.trace["chosen"] == best and out.text == answers[best]["text"]
-            assert out.trace["answers"][best]["mean"] == pytest.approx(float(mean[best]), abs=2e-4)
+            assert out.trace.chosen == best and out.text == answers[best].text
+            assert out.trace.answers[best].mean == pytest.approx(float(mean[best]), abs=2e-4)
             chosen.append(best)
         chosen_by_weights.append(tuple(chosen))
         assert set(outs[0].cost.forward_passes) == {"char", "bpe"}
@@ -88,7 +88,7 @@ def test_identical_members_return_their_shared_greedy_answer():
     outs = run([a, b])
     for out, g in zip(outs, greedy):
         assert out.text == g.text and out.finish_reason == g.finish_reason and out.num_tokens == g.num_tokens
-        assert len(out.trace["answers"]) == 1 and out.trace["answers"][0]["by"] == ["a", "b"]
+        assert len(out.trace.answers) == 1 and out.trace.answers[0].by == ["a", "b"]
 
 
 def test_empty_answer_pays_for_its_end_token(pair):
@@ -96,23 +96,23 @@ def test_empty_answer_pays_for_its_end_token(pair):
     eager = with_bias(char_member(2, name="eager"), {char_tokenizer().eos_token_id: 50.0})
     members = [eager, pair[1]]
     out = run(members, prompts=PROMPTS[:1])[0]
-    empty = [a for a in out.trace["answers"] if a["text"] == ""]
-    assert len(empty) == 1 and empty[0]["finish"] == "eos"
-    assert empty[0]["scores"][0] == pytest.approx(0.0, abs=1e-3)
-    assert empty[0]["scores"][1] == pytest.approx(ref_score(pair[1], PROMPTS[0], "", "eos", "byte"), abs=2e-4)
-    assert empty[0]["scores"][1] < -0.5
+    empty = [a for a in out.trace.answers if a.text == ""]
+    assert len(empty) == 1 and empty[0].finish == "eos"
+    assert empty[0].scores[0] == pytest.approx(0.0, abs=1e-3)
+    assert empty[0].scores[1] == pytest.approx(ref_score(pair[1], PROMPTS[0], "", "eos", "byte"), abs=2e-4)
+    assert empty[0].scores[1] < -0.5
 
 
 def test_stop_ended_answers_score_their_stop_string(pair):
     greedy = pair[0].generate(PROMPTS[:1], max_new_tokens=10, temperature=0)[0].text
     stop = greedy[2:4]
     out = run(pair, prompts=PROMPTS[:1], stop=["@@", stop])[0]
-    ended = [a for a in out.trace["answers"] if a["finish"] == "stop"]
-    assert ended and all(a["stop"] == stop for a in ended)
-    assert ended[0]["text"] == greedy[:2] and "char" in ended[0]["by"]
-    for a in out.trace["answers"]:
-        ref = [ref_score(m, PROMPTS[0], a["text"] + a["stop"], a["finish"], "byte") for m in pair]
-        assert a["scores"] == pytest.approx(ref, abs=2e-4)
+    ended = [a for a in out.trace.answers if a.finish == "stop"]
+    assert ended and all(a.stop == stop for a in ended)
+    assert ended[0].text == greedy[:2] and "char" in ended[0].by
+    for a in out.trace.answers:
+        ref = [ref_score(m, PROMPTS[0], a.text + a.stop, a.finish, "byte") for m in pair]
+        assert a.scores == pytest.approx(ref, abs=2e-4)
 
 
 def test_sampling_is_seeded_and_batch_invariant(pair):
@@ -122,14 +122,14 @@ def test_sampling_is_seeded_and_batch_invariant(pair):
     assert [o.trace for o in batched] == [o.trace for o in again]
     for b, prompt in enumerate(PROMPTS):
         single = run(pair, prompts=[prompt], seed=11 + b, **kw)[0]
-        assert [a["text"] for a in single.trace["answers"]] == [a["text"] for a in batched[b].trace["answers"]]
+        assert [a.text for a in single.trace.answers] == [a.text for a in batched[b].trace.answers]
         assert single.text == batched[b].text
-    tags = [t for a in batched[0].trace["answers"] for t in a["by"]]
+    tags = [t for a in batched[0].trace.answers for t in a.by]
     assert sorted(tags) == sorted(f"{m}#{j}" for m in ("char", "bpe") for j in range(3))
-    assert 1 < len(batched[0].trace["answers"]) <= 6
+    assert 1 < len(batched[0].trace.answers) <= 6
     # lead first: the lead's answers come first in the list
-    assert batched[0].trace["answers"][0]["by"][0].startswith("char")
-    assert run(pair, seed=11, lead=1, **kw)[0].trace["answers"][0]["by"][0].startswith("bpe")
+    assert batched[0].trace.answers[0].by[0].startswith("char")
+    assert run(pair, seed=11, lead=1, **kw)[0].trace.answers[0].by[0].startswith("bpe")
 
 
 @pytest.mark.parametrize("kw,match", [

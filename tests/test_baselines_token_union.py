@@ -89,9 +89,9 @@ def test_picks_highest_averaged_probability(scripted):
     # mean: a (.513 + .15)/2 = .332, b (.487 + .40)/2 = .444, " cli" .225 -> "b" (nobody's top-1)
     out = run([char, bpe], prompts=["Q:"], max_new_tokens=1, lead=1, top_k=2)[0]
     assert out.text == "b" and out.finish_reason == "length" and out.num_tokens == 1
-    step = out.trace["steps"][0]
-    assert step["piece"] == "b" and step["union"] == 3 and step["agree"] == 0
-    assert step["prob"] == pytest.approx((0.38 / 0.78 + 0.40) / 2, abs=1e-4)
+    step = out.trace.steps[0]
+    assert step.piece == "b" and step.union == 3 and step.agree == 0
+    assert step.prob == pytest.approx((0.38 / 0.78 + 0.40) / 2, abs=1e-4)
     # weights: only bpe counts -> its top-1
     assert run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=2, weights=[0, 1])[0].text == " cli"
     # top_k=1: union {" cli", a}: char a 1.0; bpe a .25, cli .75 -> a
@@ -109,7 +109,7 @@ def test_missing_option_changes_the_choice(scripted):
     # zero: char gives " cli" 0 -> b wins (.29 vs a .26, " cli" .25)
     out = run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=2, missing="zero")[0]
     assert out.text == "b"
-    assert out.trace["steps"][0]["prob"] == pytest.approx((0.28 + 0.30) / 2, abs=1e-4)
+    assert out.trace.steps[0].prob == pytest.approx((0.28 + 0.30) / 2, abs=1e-4)
 
 
 PIECES = [" 1", "8", " cli", "ps", ",", "\n", "=", " t", "he", " an", "d", " =", "."]
@@ -134,7 +134,7 @@ def test_text_is_concatenation_and_caches_follow_text(scripted, lead):
         script[m.name] = [force(m, p) for p in PIECES] + [{None: 1.0}]
     outs = run(members, prompts=["Q:", "Answer: "], max_new_tokens=100, lead=lead)
     for out in outs:
-        pieces = [s["piece"] for s in out.trace["steps"]]
+        pieces = [s.piece for s in out.trace.steps]
         assert pieces == PIECES + [None]
         assert out.text == "".join(PIECES) and out.finish_reason == "eos"
     for m_idx, m in enumerate(members):
@@ -174,9 +174,9 @@ def test_incomplete_character_is_completed_by_its_member(scripted, lead):
     script["bpe"] = [{c3: 0.9, "a": 0.1}, {a9: 0.8, "a": 0.2}, {None: 1.0}]
     script["char"] = [{"b": 0.5, "c": 0.5}, {"b": 1.0}, {None: 1.0}]
     out = run([char, bpe], ["Q:"], max_new_tokens=10, lead=lead)[0]
-    step = out.trace["steps"][0]
-    assert step["piece"] == "\u00e9" and step["completed_by"] == "bpe" and step["prob"] == pytest.approx(0.45)
-    assert out.text == "\u00e9" and out.finish_reason == "eos" and len(out.trace["steps"]) == 2
+    step = out.trace.steps[0]
+    assert step.piece == "\u00e9" and step.completed_by == "bpe" and step.prob == pytest.approx(0.45)
+    assert out.text == "\u00e9" and out.finish_reason == "eos" and len(out.trace.steps) == 2
     # the char member waited, then got the completed text; BPE holds its own two byte tokens
     prompt_c, prompt_b = char.encode_prompt("Q:"), bpe.encode_prompt("Q:")
     assert [ids[0][len(prompt_c):] for ids in seen["char"]] == [[], [], char.encode("\u00e9")]
@@ -196,7 +196,7 @@ def test_single_member_equals_its_own_greedy(make):
     got = run([m], max_new_tokens=24)
     for r, g in zip(ref, got):
         assert (g.text, g.num_tokens, g.finish_reason) == (r.text, r.num_tokens, r.finish_reason)
-        assert g.text == "".join(s["piece"] for s in g.trace["steps"])
+        assert g.text == "".join(s.piece for s in g.trace.steps)
         assert g.cost.forward_passes == r.cost.forward_passes
     # with a stop string taken from the greedy text
     stop = ref[0].text[6:8]
@@ -214,7 +214,7 @@ def test_batched_equals_per_row(temperature, seed):
                      seed=None if seed is None else seed + b, lead=1)[0]
         assert (single.text, single.num_tokens, single.finish_reason) == \
             (batched[b].text, batched[b].num_tokens, batched[b].finish_reason)
-        assert batched[b].text == "".join(s["piece"] for s in batched[b].trace["steps"])
+        assert batched[b].text == "".join(s.piece for s in batched[b].trace.steps)
     assert set(batched[0].cost.forward_passes) == {"char", "bpe"}
     assert batched[0].cost.wall_time_s > 0
 

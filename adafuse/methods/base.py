@@ -69,8 +69,8 @@ def parse_options(method: str, options_cls: type, options: dict[str, Any]):
     known = {f.name for f in fields(options_cls)}
     unknown = sorted(set(options) - known)
     if unknown:
-        extra = f"; known: {', '.join(sorted(known))}" if known else " (it takes none)"
-        raise ConfigError(f"method '{method}' has no option(s) {', '.join(unknown)}{extra}")
+        raise ConfigError(f"unknown option '{unknown[0]}' for method '{method}'; known options: "
+                          f"{', '.join(sorted(known)) or '(none)'}")
     parsed = options_cls(**options)
     parsed.validate()
     return parsed
@@ -91,3 +91,35 @@ class Method:
     def generate(self, members: Sequence[Any], request: GenerationRequest, options: Any, *,
                  weights: Sequence[float], lead: int, speculators: Sequence[Any | None]) -> list:
         raise NotImplementedError
+
+
+def check_members(method: str, num_members: int, lead: int, weights: Sequence[float] | None,
+                  min_members: int = 1) -> list[float]:
+    """The checks every method shares: enough members, `lead` an index, `weights` (default 1 each)
+    non-negative with a positive sum. Returns the weights as floats."""
+    if num_members < min_members:
+        raise ConfigError(f"method '{method}' needs at least {min_members} member(s), got {num_members}")
+    if isinstance(lead, bool) or not isinstance(lead, int) or not 0 <= lead < num_members:
+        raise ConfigError(f"lead={lead!r} is invalid: a member index in 0..{num_members - 1}")
+    if weights is None:
+        return [1.0] * num_members
+    w = list(weights)
+    if len(w) != num_members or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 for x in w) \
+            or sum(w) <= 0:
+        raise ConfigError(f"weights={w} are invalid: {num_members} non-negative numbers with a positive sum")
+    return [float(x) for x in w]
+
+
+def run_method(method: Method, members: Sequence[Any], prompts: Sequence[str] | str, *, max_new_tokens: int,
+               stop: Sequence[str] | None = None, temperature: float = 0.0, seed: int | None = None,
+               weights: Sequence[float] | None = None, lead: int = 0, chat: bool | None = None,
+               speculators: Sequence[Any | None] | None = None, **options: Any) -> list:
+    """Validate a call (members, lead, weights, request, options; one-line `ConfigError`s) and run
+    `method` on it: the functional entry every method module exposes as its `generate`."""
+    weights = check_members(method.name, len(members), lead, weights)
+    parsed = method.parse_options(options)
+    request = GenerationRequest.make(prompts, max_new_tokens, stop, temperature, seed, chat=chat)
+    if not request.prompts:
+        raise ConfigError(f"method '{method.name}' needs at least one prompt")
+    speculators = list(speculators) if speculators else [None] * len(members)
+    return method.generate(list(members), request, parsed, weights=weights, lead=lead, speculators=speculators)

@@ -13,25 +13,68 @@ answer, the best cross-member mean normalised log-likelihood wins.
    (so an empty answer is not free), normalised per `normalise` ("byte" default, "token", "char",
    "sum"; `adafuse.scoring`) over the answer text plus its stop string.
 3. Scores are averaged across members with the weights; the argmax (first on ties) is returned.
-   The trace lists every answer, who wrote it, how it ended and each member's score.
+   The trace (`RerankTrace`) lists every answer (`RerankAnswer`): who wrote it, how it ended and each
+   member's score.
 """
 from __future__ import annotations
 
-import time
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from runtime.errors import ConfigError
-from runtime.member import _END_OF_TURN_TOKENS, Member, check_finished, split_batch_cost
-from adafuse.methods.token_union import batch_cost, check_call
-from runtime.outputs import Cost, GenerationOutput
-from runtime.sampling import sample
+from adafuse.methods.base import GenerationRequest, Method, run_method
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
+from runtime.errors import ConfigError
+from runtime.member import _END_OF_TURN_TOKENS, Member, check_finished
+from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
+from runtime.sampling import sample
 
 METHOD = "sample-rerank"
-OPTIONS: dict[str, Any] = {"samples_per_member": 1, "normalise": "byte"}
 SEED_STRIDE = 1_000_003  # seed offset between (member, sample) runs; row b adds b, as member.generate does
+
+
+@dataclass
+class SampleRerankOptions:
+    samples_per_member: int = 1   # answers each member writes per prompt (> 1 needs temperature > 0)
+    normalise: str = "byte"       # how an answer's log-prob is normalised (`adafuse.scoring`)
+
+    def validate(self) -> None:
+        n = self.samples_per_member
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"samples_per_member must be a positive integer, got {n!r}")
+        if self.normalise not in NORMALISATIONS:
+            raise ConfigError(f"normalise must be one of {', '.join(NORMALISATIONS)}, got {self.normalise!r}")
+
+
+@dataclass
+class RerankAnswer:
+    """One distinct answer of one row."""
+
+    text: str
+    finish: str                       # "eos" | "stop" | "length"
+    stop: str                         # the stop string it ended at ("" otherwise)
+    by: list[str] = field(default_factory=list)   # who wrote it ("name" or "name#j")
+    scores: list[float] = field(default_factory=list)  # per member, normalised log-prob
+    mean: float = math.nan            # the weighted mean it was chosen by
+    tokens: int | None = field(default=None, repr=False)  # the lead's new tokens, when the lead wrote it
+
+
+@dataclass
+class RerankTrace:
+    method: str
+    normalise: str
+    samples_per_member: int
+    chosen: int                       # index into answers
+    members: list[str]
+    answers: list[RerankAnswer]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for a in d["answers"]:
+            a.pop("tokens")
+        return d
 
 
 def end_token(member: Member, chat: bool | None) -> int | None:
@@ -79,72 +122,55 @@ def matched_stop(member: Member, new_ids: Sequence[int], text: str, stop: Sequen
     return next((s for s in stop if raw.find(s) == len(text)), "")
 
 
-@torch.no_grad()
-def generate(
-    members: Sequence[Member],
-    prompts: Sequence[str],
-    *,
-    max_new_tokens: int,
-    stop: Sequence[str],
-    temperature: float,
-    seed: int | None,
-    weights: Sequence[float],
-    lead: int,
-    chat: bool | None,
-    **options,
-) -> list[GenerationOutput]:
-    """Generate-then-rerank; see the module docstring. Options: `samples_per_member` (1),
-    `normalise` ("byte")."""
-    weights, opts = check_call(METHOD, members, prompts, max_new_tokens, temperature, weights, lead, options, OPTIONS)
-    n, mode = opts["samples_per_member"], opts["normalise"]
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ConfigError(f"samples_per_member must be a positive integer, got {n!r}")
-    if n > 1 and temperature == 0:
-        raise ConfigError("samples_per_member > 1 needs temperature > 0 (greedy answers would repeat)")
-    if mode not in NORMALISATIONS:
-        raise ConfigError(f"normalise must be one of {', '.join(NORMALISATIONS)}, got {mode!r}")
-    stop = [s for s in (stop or []) if s]
-    t0 = time.perf_counter()
-    snaps = [m.counters.snapshot() for m in members]
-    B, M = len(prompts), len(members)
-    order = [lead] + [m for m in range(M) if m != lead]
-
-    # 1. answers: each member decodes its B x n rows on one KV state, kept for scoring afterwards
-    answers: list[list[dict]] = [[] for _ in range(B)]  # per row, distinct {"text", "finish", "by", "tokens"}
+def write_answers(members: Sequence[Member], request: GenerationRequest, n: int, lead: int
+                  ) -> tuple[list[list[RerankAnswer]], dict[int, Any]]:
+    """Step 1: each member decodes its B x n rows on one KV state (rolled back to the prompts and
+    kept for scoring). Returns per row the distinct answers (lead's first), and the states."""
+    B, M = len(request.prompts), len(members)
+    temperature, seed = request.temperature, request.seed
+    answers: list[list[RerankAnswer]] = [[] for _ in range(B)]
     index: list[dict[tuple[str, bool, str], int]] = [{} for _ in range(B)]
     states = {}
-    for m in order:
+    for m in [lead] + [m for m in range(M) if m != lead]:
         member = members[m]
         rows = [(b, j) for b in range(B) for j in range(n)]
-        prompt_ids = [member.encode_prompt(p, chat) for p in prompts]
+        prompt_ids = [member.encode_prompt(p, request.chat) for p in request.prompts]
         state = member.start([prompt_ids[b] for b, _ in rows])
         gens = None
         if seed is not None:
             gens = [torch.Generator(device=member.device).manual_seed(int(seed) + SEED_STRIDE * (m * n + j) + b)
                     for b, j in rows]
-        texts, finish, new_ids = decode(member, state, gens, temperature, stop, max_new_tokens)
-        ends = [matched_stop(member, ids, text, stop) if f == "stop" else "" for ids, text, f in zip(new_ids, texts, finish)]
+        texts, finish, new_ids = decode(member, state, gens, temperature, request.stop.stops,
+                                        request.max_new_tokens)
+        ends = [matched_stop(member, ids, text, request.stop.stops) if f == "stop" else ""
+                for ids, text, f in zip(new_ids, texts, finish)]
         state.rollback([len(prompt_ids[b]) for b, _ in rows])
         states[m] = state
         for r, (b, j) in enumerate(rows):
             key = (texts[r], finish[r] == "eos", ends[r])
             if key not in index[b]:
                 index[b][key] = len(answers[b])
-                answers[b].append({"text": texts[r], "finish": finish[r], "stop": ends[r], "by": [],
-                                   "tokens": len(new_ids[r]) if m == lead else None})
-            answers[b][index[b][key]]["by"].append(f"{member.name}#{j}" if n > 1 else member.name)
+                answers[b].append(RerankAnswer(texts[r], finish[r], ends[r],
+                                               tokens=len(new_ids[r]) if m == lead else None))
+            answers[b][index[b][key]].by.append(f"{member.name}#{j}" if n > 1 else member.name)
+    return answers, states
 
-    # 2. every member scores every answer (text, plus its stop string or its end token: how it ended):
-    #    all rows and answers in one forward per member, on the state its own decoding left
-    scores = [torch.zeros(M, len(answers[b])) for b in range(B)]  # per row [M, C]
+
+def score_answers(members: Sequence[Member], states: dict[int, Any], answers: list[list[RerankAnswer]], n: int,
+                  mode: str, chat: bool | None) -> list[torch.Tensor]:
+    """Step 2: every member scores every answer (text, plus its stop string or its end token: how it
+    ended), all rows and answers in one forward per member, on the state its own decoding left.
+    Returns per row [M, C] normalised log-probs."""
+    B, M = len(answers), len(members)
+    scores = [torch.zeros(M, len(answers[b])) for b in range(B)]
     for m, member in enumerate(members):
         eos = end_token(member, chat)
         conts: list[list[list[int]]] = []
         for b in range(B):
             row = []
             for a in answers[b]:
-                ids = member.encode(a["text"] + a["stop"]) if a["text"] + a["stop"] else []
-                if a["finish"] == "eos" and eos is not None:
+                ids = member.encode(a.text + a.stop) if a.text + a.stop else []
+                if a.finish == "eos" and eos is not None:
                     ids = ids + [eos]
                 row.append(ids)
             conts.append(row)
@@ -152,28 +178,47 @@ def generate(
         logprobs = states.pop(m).score(conts)
         for b in range(B):
             for c, a in enumerate(answers[b]):
-                scores[b][m, c] = normalised_score(logprobs[b * n][c], a["text"] + a["stop"], mode)
+                scores[b][m, c] = normalised_score(logprobs[b * n][c], a.text + a.stop, mode)
+    return scores
 
-    # 3. choose
-    w = torch.tensor(weights, dtype=torch.float32)
-    wall = time.perf_counter() - t0
-    cost = batch_cost(members, snaps, wall)
-    outs = []
-    for b in range(B):
-        mean = combine_scores(scores[b], w)
-        best = int(torch.argmax(mean))  # first maximum: the lead's answers come first
-        a = answers[b][best]
-        n_lead = a["tokens"]
-        if n_lead is None:
-            n_lead = len(members[lead].encode(a["text"])) + (1 if a["finish"] == "eos" else 0)
-        out = GenerationOutput(a["text"], n_lead, a["finish"], cost if b == 0 else Cost())
-        out.trace = {
-            "method": METHOD, "normalise": mode, "samples_per_member": n, "chosen": best,
-            "members": [mm.name for mm in members],
-            "answers": [{"text": x["text"], "finish": x["finish"], "stop": x["stop"], "by": x["by"],
-                         "scores": [round(float(s), 4) for s in scores[b][:, c]], "mean": round(float(mean[c]), 4)}
-                        for c, x in enumerate(answers[b])],
-        }
-        out.stats = {"distinct_answers": len(answers[b])}
-        outs.append(out)
-    return split_batch_cost(outs)
+
+class SampleRerank(Method):
+    """Generate-then-rerank; see the module docstring."""
+
+    name = METHOD
+    Options = SampleRerankOptions
+
+    @torch.no_grad()
+    def generate(self, members: Sequence[Member], request: GenerationRequest, options: SampleRerankOptions, *,
+                 weights: Sequence[float], lead: int, speculators: Sequence[Any | None] = ()) -> list[GenerationOutput]:
+        n, mode = options.samples_per_member, options.normalise
+        if n > 1 and request.temperature == 0:
+            raise ConfigError("samples_per_member > 1 needs temperature > 0 (greedy answers would repeat)")
+        meter = CostMeter(members)
+        answers, states = write_answers(members, request, n, lead)
+        scores = score_answers(members, states, answers, n, mode, request.chat)
+        # 3. choose
+        w = torch.tensor(weights, dtype=torch.float32)
+        cost = meter.cost()
+        outs = []
+        for b in range(len(request.prompts)):
+            mean = combine_scores(scores[b], w)
+            best = int(torch.argmax(mean))  # first maximum: the lead's answers come first
+            for c, x in enumerate(answers[b]):
+                x.scores = [round(float(v), 4) for v in scores[b][:, c]]
+                x.mean = round(float(mean[c]), 4)
+            a = answers[b][best]
+            n_lead = a.tokens
+            if n_lead is None:
+                n_lead = len(members[lead].encode(a.text)) + (1 if a.finish == "eos" else 0)
+            out = GenerationOutput(a.text, n_lead, a.finish, cost if b == 0 else Cost())
+            out.trace = RerankTrace(METHOD, mode, n, best, [mm.name for mm in members], answers[b])
+            out.stats = {"distinct_answers": len(answers[b])}
+            outs.append(out)
+        return split_batch_cost(outs)
+
+
+def generate(members: Sequence[Member], prompts: Sequence[str], **kwargs: Any) -> list[GenerationOutput]:
+    """`run_method(SampleRerank(), ...)`: validated keyword call (max_new_tokens, stop, temperature,
+    seed, weights, lead, chat, and the `SampleRerankOptions`)."""
+    return run_method(SampleRerank(), members, prompts, **kwargs)

@@ -24,68 +24,66 @@ character (its lone text has U+FFFD) enters the union with its member's probabil
 the others); if chosen, that member completes the character alone (greedy or sampled from its own
 distribution, up to 4 tokens) and the completed text is committed as one piece.
 
-Trace per output: {"method", "top_k", "missing", "lead", "steps": [{"piece" (committed text, None
-for EOS), "prob" (its fused probability), "union" (union size), "agree" (members whose own top-1 it
-was), "completed_by" (only for an incomplete character)}]}. Stats: steps, lead_text_fallbacks
+Trace per output: a `UnionTrace` (method, top_k, missing, lead, steps: one `UnionStep` per committed
+piece: piece (committed text, None for EOS), prob (its fused probability), union (union size), agree
+(members whose own top-1 it was), completed_by (only for an incomplete character)). Stats: steps, lead_text_fallbacks
 (pieces the lead had no single token for), tokens_refed (per member, whole batch: tokens re-fed by
 boundary repair). Cost: the batch's forwards / tokens per member and wall time, split evenly.
 """
 from __future__ import annotations
 
-import time
 import weakref
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import torch
 
+from adafuse.methods.base import GenerationRequest, Method, run_method
 from runtime.errors import ConfigError
-from runtime.member import Member, make_generators, split_batch_cost
-from runtime.outputs import Cost, GenerationOutput
+from runtime.member import Member
+from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
 from runtime.text_state import MemberText
 
 METHOD = "token-union"
-OPTIONS: dict[str, Any] = {"top_k": 10, "missing": "first-token"}
 MISSING_MODES = ("first-token", "zero")
 EOS = None  # the union key of end-of-sequence (any member's EOS token)
 PARTIAL = "\ufffd"  # what `_Vocab.key` returns for a token holding an incomplete UTF-8 character
 MAX_PARTIAL_TOKENS = 4  # a character is completed within this many tokens (UTF-8 has <= 4 bytes)
 
 
-# ---- shared argument checks (also used by sample_rerank) --------------------------------------
-def check_call(method: str, members: Sequence[Member], prompts: Sequence[str], max_new_tokens: int,
-               temperature: float, weights: Sequence[float] | None, lead: int, options: dict,
-               defaults: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
-    """Validate the common arguments; return (weights, options merged over defaults).
-    Raises `ConfigError` with a one-line message."""
-    unknown = sorted(set(options) - set(defaults))
-    if unknown:
-        raise ConfigError(f"unknown option '{unknown[0]}' for method {method}; "
-                          f"known options: {', '.join(defaults) or '(none)'}")
-    if not members:
-        raise ConfigError(f"method {method} needs at least one member")
-    if not prompts:
-        raise ConfigError(f"method {method} needs at least one prompt")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if temperature is None or temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, got {temperature!r}")
-    M = len(members)
-    if not isinstance(lead, int) or not 0 <= lead < M:
-        raise ConfigError(f"lead must be a member index in 0..{M - 1}, got {lead!r}")
-    w = [1.0] * M if weights is None else [float(x) for x in weights]
-    if len(w) != M or any(x < 0 for x in w) or sum(w) <= 0:
-        raise ConfigError(f"weights must be {M} non-negative numbers with a positive sum, got {list(weights)}")
-    return w, {**defaults, **options}
+@dataclass
+class TokenUnionOptions:
+    top_k: int = 10                # each member's top-k tokens enter the union
+    missing: str = "first-token"   # a member without a token for a string: its first token's prob, or 0
+
+    def validate(self) -> None:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1:
+            raise ConfigError(f"top_k must be a positive integer, got {self.top_k!r}")
+        if self.missing not in MISSING_MODES:
+            raise ConfigError(f"missing must be one of {', '.join(MISSING_MODES)}, got {self.missing!r}")
 
 
-def batch_cost(members: Sequence[Member], snaps: Sequence[tuple[int, int]], wall: float) -> Cost:
-    cost = Cost(wall_time_s=wall)
-    seen: set[int] = set()
-    for m, snap in zip(members, snaps):
-        if id(m) not in seen:  # the same Member passed twice shares one counter
-            seen.add(id(m))
-            cost.merge(m.cost_since(snap))
-    return cost
+@dataclass
+class UnionStep:
+    """One committed piece of one row."""
+
+    piece: str | None          # committed text; None: EOS
+    prob: float                # its fused probability
+    union: int                 # size of the union it was chosen from
+    agree: int                 # members whose own top-1 it was
+    completed_by: str | None = None  # the member that completed an incomplete character alone
+
+
+@dataclass
+class UnionTrace:
+    method: str
+    top_k: int
+    missing: str
+    lead: str
+    steps: list[UnionStep] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # ---- pure fusion --------------------------------------------------------------------------------
@@ -206,157 +204,171 @@ def _commit(mt: MemberText, pieces: Sequence[str], own: Sequence[int | None]) ->
     mt.sync(rows, append_as_is=as_is)
 
 
-def _find_stop(text: str, stop: Sequence[str]) -> int:
-    cuts = [c for c in (text.find(s) for s in stop) if c >= 0]
-    return min(cuts) if cuts else -1
-
 
 # ---- the method ---------------------------------------------------------------------------------
-@torch.no_grad()
-def generate(
-    members: Sequence[Member],
-    prompts: Sequence[str],
-    *,
-    max_new_tokens: int,
-    stop: Sequence[str],
-    temperature: float,
-    seed: int | None,
-    weights: Sequence[float],
-    lead: int,
-    chat: bool | None,
-    **options,
-) -> list[GenerationOutput]:
-    """UniTE-style token-union ensemble; see the module docstring. Options: `top_k` (10),
-    `missing` ("first-token" | "zero")."""
-    weights, opts = check_call(METHOD, members, prompts, max_new_tokens, temperature, weights, lead, options, OPTIONS)
-    top_k, missing = opts["top_k"], opts["missing"]
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-        raise ConfigError(f"top_k must be a positive integer, got {top_k!r}")
-    if missing not in MISSING_MODES:
-        raise ConfigError(f"missing must be one of {', '.join(MISSING_MODES)}, got {missing!r}")
-    stop = [s for s in (stop or []) if s]
-    t0 = time.perf_counter()
-    snaps = [m.counters.snapshot() for m in members]
-    B, M = len(prompts), len(members)
-    gens = make_generators(B, seed, "cpu")
-    mts = [MemberText(m, prompts, chat) for m in members]
-    vocabs = [vocab_of(m) for m in members]
-    warm_t = 1.0 if temperature == 0 else float(temperature)
+class _UnionRun:
+    """The state of one batch: per row the shared text, the lead's token count, the trace, and an
+    incomplete character some member is completing alone."""
 
-    texts = ["" for _ in range(B)]
-    steps: list[list[dict]] = [[] for _ in range(B)]
-    finish: list[str | None] = [None] * B
-    lead_tokens = [0] * B
-    lead_fallbacks = [0] * B
-    pending: list[tuple[int, list[int]] | None] = [None] * B  # (member, its tokens) of an incomplete character
+    def __init__(self, members: Sequence[Member], request: GenerationRequest, options: TokenUnionOptions,
+                 weights: Sequence[float], lead: int):
+        self.members, self.weights, self.lead = list(members), list(weights), lead
+        self.top_k, self.missing = options.top_k, options.missing
+        self.stop, self.max_new_tokens = request.stop, request.max_new_tokens
+        self.temperature = request.temperature
+        B = len(request.prompts)
+        self.gens = request.sampling.generators(B, "cpu")
+        self.mts = [MemberText(m, request.prompts, request.chat) for m in members]
+        self.vocabs = [vocab_of(m) for m in members]
+        self.texts = ["" for _ in range(B)]
+        self.steps: list[list[UnionStep]] = [[] for _ in range(B)]
+        self.finish: list[str | None] = [None] * B
+        self.lead_tokens = [0] * B
+        self.lead_fallbacks = [0] * B
+        self.pending: list[tuple[int, list[int]] | None] = [None] * B  # (member, its tokens) of a character
 
-    def pick(dist: Sequence[float] | torch.Tensor, b: int) -> int:
-        if temperature == 0:
+    def pick(self, dist: Sequence[float] | torch.Tensor, b: int) -> int:
+        if self.temperature == 0:
             return int(torch.as_tensor(dist).argmax())
         q = torch.as_tensor(dist, dtype=torch.float64)
-        return int(torch.multinomial(q, 1, generator=gens[b] if gens else None))
+        return int(torch.multinomial(q, 1, generator=self.gens[b] if self.gens else None))
 
-    while any(f is None for f in finish):
-        probs = [mt.state.next_probs(warm_t).cpu() for mt in mts]  # M x [B, V]
-        pieces = ["" for _ in range(B)]
-        own: list[list[int | None]] = [[None] * B for _ in range(M)]
+    def run(self) -> None:
+        warm_t = 1.0 if self.temperature == 0 else float(self.temperature)
+        B, M = len(self.texts), len(self.members)
+        while any(f is None for f in self.finish):
+            probs = [mt.state.next_probs(warm_t).cpu() for mt in self.mts]  # M x [B, V]
+            self.pieces = ["" for _ in range(B)]
+            self.own: list[list[int | None]] = [[None] * B for _ in range(M)]
+            for b in range(B):
+                if self.finish[b] is not None:
+                    continue
+                if self.pending[b] is not None:
+                    self._complete_character(b, probs)
+                else:
+                    self._union_step(b, probs)
+            if any(self.pieces) or any(t is not None for row in self.own for t in row):
+                for m, mt in enumerate(self.mts):
+                    _commit(mt, self.pieces, self.own[m])
 
-        def commit(b: int, piece: str, lead_tok: int | None, n_lead: int) -> None:
-            """Commit `piece` on row b (the lead's own last token `lead_tok`, if any) or finish."""
-            new_text = texts[b] + piece
-            texts[b], lead_tokens[b] = new_text, n_lead
-            cut = _find_stop(new_text, stop)
-            if cut >= 0:
-                finish[b], texts[b] = "stop", new_text[:cut]
-            elif n_lead >= max_new_tokens:
-                finish[b] = "length"
+    def commit(self, b: int, piece: str, lead_tok: int | None, n_lead: int) -> None:
+        """Commit `piece` on row b (the lead's own last token `lead_tok`, if any) or finish."""
+        new_text = self.texts[b] + piece
+        start = len(self.texts[b])
+        self.texts[b], self.lead_tokens[b] = new_text, n_lead
+        cut = self.stop.cut(new_text, start)
+        if cut is not None:
+            self.finish[b], self.texts[b] = "stop", new_text[:cut]
+        elif n_lead >= self.max_new_tokens:
+            self.finish[b] = "length"
+        else:
+            self.pieces[b] = piece
+            self.own[self.lead][b] = lead_tok
+
+    def _complete_character(self, b: int, probs: list[torch.Tensor]) -> None:
+        """Member m_c completes the incomplete character it started on row b, alone."""
+        m_c, ids = self.pending[b]
+        member = self.members[m_c]
+        tok = self.pick(probs[m_c][b], b)
+        is_lead = m_c == self.lead
+        step = self.steps[b][-1]
+        if tok in member.eos_token_ids:
+            step.piece = member.decode(ids)
+            self.texts[b] += step.piece
+            self.lead_tokens[b] += len(ids) + 1 if is_lead else 0
+            self.finish[b], self.pending[b] = "eos", None
+            return
+        ids.append(tok)
+        piece = member.decode(ids)
+        n_lead = self.lead_tokens[b] + len(ids) if is_lead else None
+        if "\ufffd" in piece and len(ids) < MAX_PARTIAL_TOKENS:
+            if is_lead and n_lead >= self.max_new_tokens:
+                step.piece = piece
+                self.texts[b], self.lead_tokens[b] = self.texts[b] + piece, n_lead
+                self.finish[b], self.pending[b] = "length", None
             else:
-                pieces[b] = piece
-                own[lead][b] = lead_tok
+                self.own[m_c][b] = tok
+            return
+        self.pending[b] = None
+        step.piece = piece
+        if not is_lead:
+            n_lead = len(self.members[self.lead].encode(self.texts[b] + piece))
+        self.commit(b, piece, tok if is_lead else None, n_lead)
 
-        for b in range(B):
-            if finish[b] is not None:
-                continue
-            if pending[b] is not None:
-                # member m_c completes the character it started, alone
-                m_c, ids = pending[b]
-                tok = pick(probs[m_c][b], b)
-                is_lead = m_c == lead
-                if tok in members[m_c].eos_token_ids:
-                    piece = members[m_c].decode(ids)
-                    steps[b][-1]["piece"] = piece
-                    texts[b] += piece
-                    lead_tokens[b] += len(ids) + 1 if is_lead else 0
-                    finish[b], pending[b] = "eos", None
-                    continue
-                ids.append(tok)
-                piece = members[m_c].decode(ids)
-                n_lead = lead_tokens[b] + len(ids) if is_lead else None
-                if "\ufffd" in piece and len(ids) < MAX_PARTIAL_TOKENS:
-                    if is_lead and n_lead >= max_new_tokens:
-                        steps[b][-1]["piece"] = piece
-                        texts[b], lead_tokens[b], finish[b], pending[b] = texts[b] + piece, n_lead, "length", None
-                    else:
-                        own[m_c][b] = tok
-                    continue
-                pending[b] = None
-                steps[b][-1]["piece"] = piece
-                if not is_lead:
-                    n_lead = len(members[lead].encode(texts[b] + piece))
-                commit(b, piece, tok if is_lead else None, n_lead)
-                continue
-            k = top_k
-            while True:  # widen when every member's top-k is uncommittable
-                tops = [_top_keys(vocabs[m], probs[m][b], k, m) for m in range(M)]
-                keys: list = []
-                for m in [lead] + [i for i in range(M) if i != lead]:
-                    keys.extend(key for key in tops[m] if key not in keys)
-                if keys or k >= max(p.shape[-1] for p in probs):
-                    break
-                k *= 4
-            member_probs, member_tokens = [], []
-            for m in range(M):
-                pt = [_member_prob(vocabs[m], probs[m][b], tops[m], key, missing) for key in keys]
-                member_probs.append([p for p, _ in pt])
-                member_tokens.append([t for _, t in pt])
-            fused = fuse_union(member_probs, weights)
-            choice = pick(fused, b)
-            key = keys[choice]
-            agree = sum(1 for m in range(M) if tops[m] and next(iter(tops[m])) == key)
-            steps[b].append({"piece": key, "prob": round(fused[choice], 4), "union": len(keys), "agree": agree})
-            if key is EOS:
-                finish[b] = "eos"
-                lead_tokens[b] += 1
-                continue
-            if isinstance(key, tuple):  # an incomplete character: its member goes on alone
-                m_c, tok = key
-                steps[b][-1].update(piece="", completed_by=members[m_c].name)
-                if m_c == lead and lead_tokens[b] + 1 >= max_new_tokens:
-                    piece = members[m_c].decode([tok])
-                    steps[b][-1]["piece"] = piece
-                    texts[b], lead_tokens[b], finish[b] = texts[b] + piece, lead_tokens[b] + 1, "length"
-                    continue
-                pending[b] = (m_c, [tok])
-                own[m_c][b] = tok
-                continue
-            lead_tok = member_tokens[lead][choice]
-            if lead_tok is not None:
-                n_lead = lead_tokens[b] + 1
-            else:
-                n_lead = len(members[lead].encode(texts[b] + key))
-                lead_fallbacks[b] += 1
-            commit(b, key, lead_tok, n_lead)
-        if any(pieces) or any(t is not None for row in own for t in row):
-            for m, mt in enumerate(mts):
-                _commit(mt, pieces, own[m])
+    def _union_step(self, b: int, probs: list[torch.Tensor]) -> None:
+        """Fuse the members' top-k strings on row b and commit the chosen one."""
+        M, lead = len(self.members), self.lead
+        k = self.top_k
+        while True:  # widen when every member's top-k is uncommittable
+            tops = [_top_keys(self.vocabs[m], probs[m][b], k, m) for m in range(M)]
+            keys: list = []
+            for m in [lead] + [i for i in range(M) if i != lead]:
+                keys.extend(key for key in tops[m] if key not in keys)
+            if keys or k >= max(p.shape[-1] for p in probs):
+                break
+            k *= 4
+        member_probs, member_tokens = [], []
+        for m in range(M):
+            pt = [_member_prob(self.vocabs[m], probs[m][b], tops[m], key, self.missing) for key in keys]
+            member_probs.append([p for p, _ in pt])
+            member_tokens.append([t for _, t in pt])
+        fused = fuse_union(member_probs, self.weights)
+        choice = self.pick(fused, b)
+        key = keys[choice]
+        agree = sum(1 for m in range(M) if tops[m] and next(iter(tops[m])) == key)
+        self.steps[b].append(UnionStep(key, round(fused[choice], 4), len(keys), agree))
+        if key is EOS:
+            self.finish[b] = "eos"
+            self.lead_tokens[b] += 1
+            return
+        if isinstance(key, tuple):  # an incomplete character: its member goes on alone
+            m_c, tok = key
+            step = self.steps[b][-1]
+            step.piece, step.completed_by = "", self.members[m_c].name
+            if m_c == lead and self.lead_tokens[b] + 1 >= self.max_new_tokens:
+                step.piece = self.members[m_c].decode([tok])
+                self.texts[b] += step.piece
+                self.lead_tokens[b], self.finish[b] = self.lead_tokens[b] + 1, "length"
+                return
+            self.pending[b] = (m_c, [tok])
+            self.own[m_c][b] = tok
+            return
+        lead_tok = member_tokens[lead][choice]
+        if lead_tok is not None:
+            n_lead = self.lead_tokens[b] + 1
+        else:
+            n_lead = len(self.members[lead].encode(self.texts[b] + key))
+            self.lead_fallbacks[b] += 1
+        self.commit(b, key, lead_tok, n_lead)
 
-    wall = time.perf_counter() - t0
-    cost = batch_cost(members, snaps, wall)
-    outs = [GenerationOutput(texts[b], lead_tokens[b], finish[b], cost if b == 0 else Cost()) for b in range(B)]
-    outs = split_batch_cost(outs)
-    for b, out in enumerate(outs):
-        out.trace = {"method": METHOD, "top_k": top_k, "missing": missing, "lead": members[lead].name,
-                     "steps": steps[b]}
-        out.stats = {"steps": len(steps[b]), "lead_text_fallbacks": lead_fallbacks[b],
-                     "tokens_refed": {m.name: mt.tokens_refed for m, mt in zip(members, mts)}}
-    return outs
+    def outputs(self, cost: Cost) -> list[GenerationOutput]:
+        B = len(self.texts)
+        outs = [GenerationOutput(self.texts[b], self.lead_tokens[b], self.finish[b], cost if b == 0 else Cost())
+                for b in range(B)]
+        outs = split_batch_cost(outs)
+        for b, out in enumerate(outs):
+            out.trace = UnionTrace(METHOD, self.top_k, self.missing, self.members[self.lead].name, self.steps[b])
+            out.stats = {"steps": len(self.steps[b]), "lead_text_fallbacks": self.lead_fallbacks[b],
+                         "tokens_refed": {m.name: mt.tokens_refed for m, mt in zip(self.members, self.mts)}}
+        return outs
+
+
+class TokenUnion(Method):
+    """UniTE-style token-union ensemble; see the module docstring."""
+
+    name = METHOD
+    Options = TokenUnionOptions
+
+    @torch.no_grad()
+    def generate(self, members: Sequence[Member], request: GenerationRequest, options: TokenUnionOptions, *,
+                 weights: Sequence[float], lead: int, speculators: Sequence[Any | None] = ()) -> list[GenerationOutput]:
+        meter = CostMeter(members)
+        run = _UnionRun(members, request, options, weights, lead)
+        run.run()
+        return run.outputs(meter.cost())
+
+
+def generate(members: Sequence[Member], prompts: Sequence[str], **kwargs: Any) -> list[GenerationOutput]:
+    """`run_method(TokenUnion(), ...)`: validated keyword call (max_new_tokens, stop, temperature, seed,
+    weights, lead, chat, and the `TokenUnionOptions`)."""
+    return run_method(TokenUnion(), members, prompts, **kwargs)

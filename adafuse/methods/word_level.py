@@ -1064,3 +1064,24 @@ def generate(members: Sequence[Member], prompts: Sequence[str], *, max_new_token
                         max_new_tokens=max_new_tokens, stop=stop, temperature=temperature, seed=seed,
                         speculators=speculators)
     return fusion.run()
+
+
+class _WordLevel:  # (temporary adapter to the method contract; replaced by the split module)
+    min_members = 2
+
+    def parse_options(self, options: dict[str, Any]) -> WordConfig:
+        return WordConfig.from_options(self.name, dict(options, **self.forced))
+
+    def generate(self, members, request, options: WordConfig, *, weights, lead, speculators):
+        fusion = WordFusion(members, request.prompts, options, weights=weights, lead=lead, chat=request.chat,
+                            max_new_tokens=request.max_new_tokens, stop=request.stop.stops,
+                            temperature=request.temperature, seed=request.seed, speculators=speculators)
+        return fusion.run()
+
+
+class AdaFuse(_WordLevel):
+    name, forced = "adafuse", {}
+
+
+class WordFixed(_WordLevel):
+    name, forced = "word-fixed", {"gate": False}

@@ -1,0 +1,23 @@
+"""`single`: the lead member alone, through its speculative generator when it has one (the
+baseline every ensemble is compared with, in the same API)."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from adafuse.methods.base import GenerationRequest, Method, NoOptions
+from runtime.member import Member
+from runtime.outputs import GenerationOutput
+
+
+class Single(Method):
+    name = "single"
+    Options = NoOptions
+    min_members = 1
+
+    def generate(self, members: Sequence[Member], request: GenerationRequest, options: NoOptions, *,
+                 weights: Sequence[float], lead: int, speculators: Sequence[Any | None]) -> list[GenerationOutput]:
+        s = request.sampling
+        runner = speculators[lead] if speculators and speculators[lead] is not None else members[lead]
+        return runner.generate(request.prompts, max_new_tokens=request.max_new_tokens, stop=request.stop.stops,
+                               temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+                               chat=request.chat)
