@@ -1,7 +1,8 @@
 """Ensemble decoding across tokenizers with speculative acceleration.
 
-Heavy names are imported lazily (module-level `__getattr__`), so `import adafuse` stays cheap and
-does not import torch or create import cycles with `specdec`.
+Heavy names are imported lazily (module-level `__getattr__`), so `import adafuse` stays cheap (no
+torch until a name is used). `Member`, `load_member`, `GenerationOutput` and `Cost` come from the
+runtime floor below.
 """
 from __future__ import annotations
 

@@ -1,90 +1,81 @@
-"""`adafuse eval CONFIG [--limit N] [--output_path DIR] [--seed S] [--batch_size B] [--data_dir D]`:
-run every run x task of an experiment config, write predictions/metrics, print the comparison table."""
+"""The `adafuse` console script, on the top floor: it dispatches to each floor's verb module
+(`runtime.cli_models`, `adafuse.cli_generate`, `specdec.bound_cli`, `eval.cli_eval`,
+`eval.report`), each exposing `add_arguments(parser)` and `run(args) -> int`.
+
+Only the chosen verb's module is imported, so `adafuse --help` and `adafuse --version` stay
+instant. Options are spelled with underscores (`--max_new_tokens`, like lm-eval's `--output_path`);
+the dashed spelling (`--max-new-tokens`) is accepted too. Errors of our own are one line, exit 2.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from runtime.errors import ConfigError
-from eval.config import load_config
+from runtime.errors import AdafuseError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("runtime.cli_models", "list, fetch and locate the offline models"),
+    "generate": ("adafuse.cli_generate", "generate text with one model (optionally speculative) or an ensemble"),
+    "bound": ("specdec.bound_cli", "measure verifiers against the optimal acceptance rate on real distributions"),
+    "eval": ("eval.cli_eval", "run an evaluation config (tasks x methods) and write predictions/metrics"),
+    "report": ("eval.report", "compare evaluation runs: markdown table and score-vs-cost plot"),
+}
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="CONFIG", help="experiment config YAML (see configs/)")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N examples of each task")
-    parser.add_argument("--output_path", default=None, metavar="DIR", help="output folder (default: the config's output_path)")
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: the config's, else 0)")
-    parser.add_argument("--batch_size", type=int, default=None, help="prompts per generate() call (default: the config's, else 1)")
-    parser.add_argument("--data_dir", default=None, metavar="D", help="benchmark data folder (default $ADAFUSE_DATA or ../shared/data)")
-    parser.add_argument("--tasks", default=None, help="comma-separated subset of the config's tasks")
-    parser.add_argument("--runs", default=None, help="comma-separated subset of the config's runs")
-    parser.add_argument("--no_progress", action="store_true", help="no progress bars")
-    parser.add_argument("--write_out", action="store_true", help="print each task's first prompt and stop strings before running")
-    parser.add_argument("--shard", default=None, metavar="K/N",
-                        help="evaluate only examples K, K+N, K+2N, ... (0 <= K < N); run N such processes on one "
-                             "output folder to split a run; the last to finish writes the metrics")
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-
-def _subset(items: list, wanted: str | None, what: str, source: str) -> list:
-    if not wanted:
-        return items
-    names = [w.strip() for w in wanted.split(",") if w.strip()]
-    known = [i.name for i in items]
-    missing = [n for n in names if n not in known]
-    if missing:
-        raise ConfigError(f"{source}: no {what} named {', '.join(missing)} (has: {', '.join(known)})")
-    return [i for i in items if i.name in names]
-
-
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    """'K/N' -> (K, N); a one-line error otherwise."""
-    if text is None:
-        return None
     try:
-        k, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        k, n = -1, 0
-    if not 0 <= k < n:
-        raise ConfigError(f"--shard {text!r} is invalid: use K/N with 0 <= K < N, e.g. --shard 0/2")
-    return k, n
+        return version("adafuse")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
-def run(args: argparse.Namespace) -> int:
-    from eval.report import markdown_table, plot
-    from eval.runner import evaluate
+def add_dashed_aliases(parser: argparse.ArgumentParser) -> None:
+    """Accept `--max-new-tokens` wherever `--max_new_tokens` is defined (help shows the latter)."""
+    for action in list(parser._actions):
+        for opt in list(action.option_strings):
+            dashed = opt[:2] + opt[2:].replace("_", "-")
+            if opt.startswith("--") and "_" in opt and dashed not in parser._option_string_actions:
+                parser._option_string_actions[dashed] = action
 
-    shard = parse_shard(args.shard)
 
-    cfg = load_config(args.config, limit=args.limit, output_path=args.output_path, seed=args.seed,
-                      batch_size=args.batch_size, data_dir=args.data_dir)
-    all_runs = list(cfg.runs)
-    cfg.tasks = _subset(cfg.tasks, args.tasks, "task", args.config)
-    cfg.runs = _subset(cfg.runs, args.runs, "run", args.config)
-    if args.write_out:
-        _write_out(cfg)
+def build_parser(verb: str | None) -> tuple[argparse.ArgumentParser, dict[str, object], dict[str, argparse.ArgumentParser]]:
+    """The parser with every verb listed and the arguments of `verb` (the one being run) added."""
+    parser = argparse.ArgumentParser(prog="adafuse", description="Ensemble decoding with speculative acceleration.")
+    parser.add_argument("--version", action="version", version=f"adafuse {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    modules: dict[str, object] = {}
+    subparsers: dict[str, argparse.ArgumentParser] = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = subparsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        if name == verb:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sp)
+            add_dashed_aliases(sp)
+            modules[name] = module
+    return parser, modules, subparsers
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    parser, modules, subparsers = build_parser(verb if verb in SUBCOMMANDS else None)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the verb's usage, not the top level's
+        subparsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        results = evaluate(cfg, progress=not args.no_progress, log=lambda s: print(s, file=sys.stderr),
-                           recorded_runs=all_runs, shard=shard)
+        return int(modules[args.command].run(args) or 0)
+    except AdafuseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print(f"interrupted: finished examples are kept in {cfg.output_path}; rerun the same command to resume",
-              file=sys.stderr)
-        raise
-    if not results:
-        return 0
-    print(markdown_table(results))
-    png = plot(results, f"{cfg.output_path}/report.png")
-    print(f"\nresults: {cfg.output_path}  plot: {png}")
-    return 0
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
-def _write_out(cfg) -> None:
-    """lm-eval's --write_out: show what the models will see."""
-    from eval.data import resolve_data_dir
-
-    data_dir = resolve_data_dir(cfg.data_dir)
-    for spec in cfg.tasks:
-        docs, shots = spec.task.load(data_dir)
-        print(f"===== {spec.name} (v{spec.task.version}, {spec.task.num_fewshot}-shot, until={spec.task.until!r}, "
-              f"max_new_tokens={spec.max_new_tokens}) first prompt =====", file=sys.stderr)
-        print(spec.task.prompt(docs[0], shots), file=sys.stderr)
-        print(f"===== gold: {docs[0]['gold']!r}", file=sys.stderr)
+if __name__ == "__main__":
+    sys.exit(main())

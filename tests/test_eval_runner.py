@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from adafuse.cli import main as adafuse_main
+from eval.cli import main as adafuse_main
 from runtime.errors import ConfigError
 from eval import methods
 from eval.config import parse_config
@@ -108,7 +108,7 @@ def test_resume_after_sigkill(tmp_path: Path, data: Path) -> None:
     cfg_path.write_text(yaml.safe_dump(_cfg(data, out, limit=8, runs=[
         {"name": "slow", "method": "fake", "members": ["m1"], "options": {"delay": 0.15}}])))
     script = ("import sys; from eval.testing import register_fake; register_fake();"
-              "from adafuse.cli import main; sys.exit(main(['eval', sys.argv[1], '--no_progress']))")
+              "from eval.cli import main; sys.exit(main(['eval', sys.argv[1], '--no_progress']))")
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-c", script, str(cfg_path)], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

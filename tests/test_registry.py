@@ -56,11 +56,11 @@ def test_cli_one_line_errors(tmp_path):
         (["models", "path", "gemma3-270m"], "adafuse models fetch gemma3-270m"),
         (["generate", "--model", "nope", "--prompt", "hi"], "unknown model 'nope'"),
     ]:
-        res = subprocess.run([sys.executable, "-m", "adafuse.cli", *argv], capture_output=True, text=True,
+        res = subprocess.run([sys.executable, "-m", "eval.cli", *argv], capture_output=True, text=True,
                              env={**env, "PYTHONPATH": ":".join(sys.path)})
         assert res.returncode == 2, res.stderr
         lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error:")]
         assert len(lines) == 1 and expect in lines[0], res.stderr
-    res = subprocess.run([sys.executable, "-m", "adafuse.cli", "models", "list"], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "eval.cli", "models", "list"], capture_output=True, text=True,
                          env={**env, "PYTHONPATH": ":".join(sys.path)})
     assert res.returncode == 0 and "qwen2.5-coder-1.5b" in res.stdout and " no " in res.stdout

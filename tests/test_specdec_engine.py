@@ -197,7 +197,7 @@ def test_real_smollm2_prompt_lookup_greedy_equality():
 
 
 def test_cli_generate_with_and_without_drafter(tmp_path, capsys):
-    from adafuse.cli import main
+    from eval.cli import main
 
     target = tiny_member("llama", tokenizer=bpe_tokenizer(), seed=0)
     folder = tmp_path / "tiny"
