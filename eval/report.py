@@ -123,12 +123,60 @@ def plot(rows: list[dict[str, Any]], path: str | Path, cost: str = "wall_s") -> 
     return path
 
 
-def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: str = "wall_s") -> tuple[str, Path]:
-    """Markdown table text and the written plot path (default `<first dir>/report.png`)."""
+def _records(row: dict[str, Any]) -> list[dict[str, Any]]:
+    path = Path(row["_path"]).parent / "predictions.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing: paired comparisons need each run's predictions.jsonl")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def paired_table(rows: list[dict[str, Any]], baseline: str, n_resamples: int = 1000) -> str:
+    """Per task, every other run against `baseline` on the same examples: the paired difference of
+    each metric with its paired bootstrap 95 % interval (* where it excludes 0), and win/tie/loss."""
+    from eval.paired import compare_runs
+    from eval.task import get_task
+
+    runs = {r["run"] for r in rows}
+    if baseline not in runs:
+        raise ConfigError(f"--baseline {baseline}: no such run (runs: {', '.join(sorted(runs))})")
+    lines = [f"Paired against `{baseline}` (same examples; 95 % paired bootstrap, {n_resamples} draws; "
+             "* = interval excludes 0):", "",
+             "| task | run | n | Δ primary [CI95] | Δ other [CI95] | win / tie / loss |", "|---|---|--:|---|---|---|"]
+    for task in sorted({r["task"] for r in rows}):
+        in_task = [r for r in rows if r["task"] == task]
+        base = next((r for r in in_task if r["run"] == baseline), None)
+        if base is None:
+            continue
+        spec = get_task(task).metric_list
+        base_recs = _records(base)
+        for r in in_task:
+            if r is base:
+                continue
+            diffs, (w, t, l) = compare_runs(spec, _records(r), base_recs, n_resamples=n_resamples)
+            cells = [_diff(d) for d in diffs]
+            lines.append(f"| {task} | {r['run']} | {diffs[0].n} | {cells[0]} | {', '.join(cells[1:]) or '-'} | "
+                         f"{w} / {t} / {l} |")
+    return "\n".join(lines)
+
+
+def _diff(d) -> str:
+    scale = 100.0 if d.metric in ("exact_match", "exact_match_number", "f1") else 1.0
+    star = "*" if d.significant else ""
+    return (f"{d.metric} {d.diff * scale:+.1f} [{d.ci_low * scale:+.1f}, {d.ci_high * scale:+.1f}]{star}")
+
+
+def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: str = "wall_s",
+           baseline: str | None = None) -> tuple[str, Path]:
+    """Markdown table text (plus the paired table against `baseline`) and the written plot path
+    (default `<first dir>/report.png`)."""
     rows = collect(dirs)
     first = Path(dirs[0])
     out = Path(plot_path) if plot_path else (first.parent if first.is_file() else first) / "report.png"
-    return markdown_table(rows), plot(rows, out, cost)
+    table = markdown_table(rows)
+    if baseline:
+        table += "\n\n" + paired_table(rows, baseline)
+    return table, plot(rows, out, cost)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,10 +184,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="PNG", help="where to write the score-vs-cost plot (default DIR/report.png)")
     parser.add_argument("--cost", default="wall_s", choices=sorted(COST_AXES), help="x axis of the plot (default wall_s)")
     parser.add_argument("--markdown", default=None, metavar="FILE", help="also write the table to this file")
+    parser.add_argument("--baseline", default=None, metavar="RUN",
+                        help="add each run's paired difference to RUN (paired bootstrap 95%% CI, win/tie/loss)")
 
 
 def run(args: argparse.Namespace) -> int:
-    table, png = report(args.dirs, args.plot, args.cost)
+    table, png = report(args.dirs, args.plot, args.cost, args.baseline)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n", encoding="utf-8")
