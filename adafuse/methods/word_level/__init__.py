@@ -44,111 +44,20 @@ deterministic top-B, their completions greedy; the gate always uses the untemper
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
-from runtime.errors import ConfigError
 from adafuse.gate import top2_margin
+from adafuse.methods.word_level.options import DRAFT_CANDIDATES, WordConfig
+from adafuse.methods.word_level.records import EOS_KEY, Candidate, Round, round_stats
 from runtime.member import KVState, Member, make_generators, split_batch_cost
 from runtime.outputs import Cost, GenerationOutput
 from runtime.sampling import sample
-from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, choose, fuse_scores, normalised_score
+from adafuse.scoring import choose, fuse_scores, normalised_score
 from runtime.text_state import MemberText
 from adafuse.words import word_end
-
-EOS_KEY = "<eos>"
-DRAFT_CANDIDATES = ("model-free", "all", "off")
-
-
-@dataclass
-class WordConfig:
-    """Knobs of the word-level methods (paper values as defaults, except two measured choices).
-
-    Defaults `normalise="byte"`, `calibration="softmax"` were picked with
-    `benchmarks/adafuse_cost.py --normalisation` (smollm2-135m + gemma3-270m + qwen2.5-coder-0.5b,
-    teacher-forced on GSM8K gold chains of thought, 4 questions x first 5 words = 20 positions):
-    the gold word was picked at 0.50 (byte/softmax) vs 0.40 (token/none, the paper's setting),
-    0.45 (token/softmax) and 0.40 (byte/none); at the 13 uncertain positions 0.38 vs 0.31. A small
-    sample (differences of 1-2 positions); re-measure with more questions when time allows.
-
-    `draft_candidates`: which members complete their candidate words through their `specdec`
-    drafter (same words either way): "all", "off", or "model-free" (default: prompt lookup, which
-    costs no forward; `docs/results/adafuse_cost/gsm8k_20_fp32_drafted_candidates.md`: fewer
-    forwards, same time). A model drafter's forwards cost more than the member forwards they save
-    on candidate words of one or two tokens (0.5B drafting for a 1.5B member, bfloat16:
-    `gsm8k_6_lead15_drafted_candidates.md`)."""
-
-    threshold: float = 0.7       # gate: confident iff p1 - p2 >= threshold
-    span: int = 3                # max words committed without ensembling
-    candidates: int = 3          # B: candidate words proposed per member
-    normalise: str = "byte"      # "token" (paper) | "byte" | "char" | "sum"; byte: see below
-    calibration: str = "softmax"  # "none" (paper: mean of scores) | "softmax" (see adafuse.scoring.fuse_scores)
-    max_word_tokens: int = 8     # a word longer than this (tokens) is cut there
-    gate: bool = True            # False = word-fixed: ensemble every word
-    flush_guesses: int = 16      # guesses fed with a non-lead's flush, split over its rows (0: off)
-    draft_candidates: str = "model-free"  # which members' drafters draft their candidate words: see below
-
-    @classmethod
-    def from_options(cls, method: str, options: dict[str, Any]) -> "WordConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(f"method '{method}' has no option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        cfg = cls(**options)
-        cfg.validate()
-        return cfg
-
-    def validate(self) -> None:
-        def bad(name: str, want: str) -> ConfigError:
-            return ConfigError(f"option {name}={getattr(self, name)!r} is invalid: {want}")
-
-        if not isinstance(self.threshold, (int, float)) or not 0.0 <= float(self.threshold) <= 1.0:
-            raise bad("threshold", "a margin in [0, 1]")
-        for name, low in (("span", 0), ("candidates", 1), ("max_word_tokens", 1), ("flush_guesses", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise bad(name, f"an integer >= {low}")
-        if self.normalise not in NORMALISATIONS:
-            raise bad("normalise", f"one of {', '.join(NORMALISATIONS)}")
-        if self.calibration not in CALIBRATIONS:
-            raise bad("calibration", f"one of {', '.join(CALIBRATIONS)}")
-        if not isinstance(self.gate, bool):
-            raise bad("gate", "True or False")
-        if self.draft_candidates not in DRAFT_CANDIDATES:
-            raise bad("draft_candidates", f"one of {', '.join(DRAFT_CANDIDATES)}")
-
-
-@dataclass
-class Candidate:
-    text: str
-    proposed_by: list[str] = field(default_factory=list)
-    eos: bool = False
-    scores: dict[str, float] = field(default_factory=dict)
-    fused: float = float("nan")
-
-
-@dataclass
-class Round:
-    """One round of one row: a confident span (1..span words by the lead) or one ensembled word."""
-
-    kind: str                          # "confident" | "ensemble"
-    units: list[str]                   # committed text units, in order
-    gate: list[dict[str, Any]]         # per word start: {"margin": float, "decision": str}
-    proposer: str                      # the member whose distribution drove the gate
-    candidates: list[Candidate] = field(default_factory=list)
-    chosen: str | None = None          # the committed candidate (ensemble rounds; "<eos>" = stop)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.units)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["text"] = self.text
-        return d
-
 
 class WordFusion:
     """The state of one batch: shared texts, each member's `MemberText`, traces. Drive with `step()`
@@ -1040,15 +949,6 @@ def draft_branches(view: MemberText, rows: Sequence[int], branches: dict[int, "B
 
     drafts = drafter.draft_continuations(contexts, tokens, depth, keep)
     return {b: [t + d for t, d in zip(tokens[b], drafts[b]) if d] for b in rows}
-
-
-def round_stats(trace: Sequence[Round], text: str) -> dict[str, Any]:
-    """Counts for reports: rounds, ensembled rounds, words committed confidently / by ensembling."""
-    ens = sum(1 for r in trace if r.kind == "ensemble")
-    conf_words = sum(len(r.units) for r in trace if r.kind == "confident")
-    ens_words = sum(len(r.units) for r in trace if r.kind == "ensemble")
-    return {"rounds": len(trace), "ensemble_rounds": ens, "confident_words": conf_words,
-            "ensembled_words": ens_words, "units": conf_words + ens_words}
 
 
 def generate(members: Sequence[Member], prompts: Sequence[str], *, max_new_tokens: int, stop: Sequence[str],
