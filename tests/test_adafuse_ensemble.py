@@ -6,7 +6,7 @@ import torch
 
 from adafuse.ensemble import Ensemble
 from runtime.errors import ConfigError
-from adafuse.methods.word_level import WordConfig, WordFusion
+from adafuse.methods.word_level import EnsembledWord, LeadDecoder, WordConfig, WordFusion
 from runtime.testing import bpe_tokenizer, char_tokenizer
 from test_adafuse_helpers import scripted_member, spacey_member
 
@@ -116,19 +116,20 @@ def test_candidate_union_and_scores(spacey):
 
 def test_scoring_is_at_most_one_forward_per_member_per_round(spacey, monkeypatch):
     calls = []
-    score, commit = WordFusion.candidate_logprobs, WordFusion.commit_chosen
+    score, commit = EnsembledWord.score, EnsembledWord.commit
 
     def counting(fn, label):
-        def wrapped(self, rows, cands):
+        def wrapped(self, handed, *rest):  # score(proposal) / commit(scored, picks)
+            proposal = handed if label == "score" else handed.proposal
             before = [m.counters.forward_passes for m in self.members]
-            result = fn(self, rows, cands)
+            result = fn(self, handed, *rest)
             calls.append((label, [m.counters.forward_passes - x for m, x in zip(self.members, before)],
-                          sum(len(c) for c in cands.values()), len(rows)))
+                          sum(len(c) for c in proposal.cands.values()), len(proposal.rows)))
             return result
         return wrapped
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting(score, "score"))
-    monkeypatch.setattr(WordFusion, "commit_chosen", counting(commit, "commit"))
+    monkeypatch.setattr(EnsembledWord, "score", counting(score, "score"))
+    monkeypatch.setattr(EnsembledWord, "commit", counting(commit, "commit"))
     out = Ensemble(list(spacey), method="word-fixed", max_word_tokens=6).generate(PROMPTS, max_new_tokens=10)
     scores = [c for c in calls if c[0] == "score"]
     commits = [c for c in calls if c[0] == "commit"]
@@ -146,22 +147,22 @@ def test_scoring_feeds_only_candidates_missing_from_the_completion_tree(spacey, 
     (the other members' words), so it feeds fewer tokens than a tree of all candidates."""
     from adafuse.methods.word_level import TreeBuilder, continuation_ids
     fed, full = [], []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def counting(self, rows, cands):
+    def counting(self, proposal):
         m = 1 - self.lead
-        built = TreeBuilder(len(self.texts))
-        for b in rows:
-            for c in cands[b]:
+        built = TreeBuilder(len(self.batch.texts))
+        for b in proposal.rows:
+            for c in proposal.cands[b]:
                 if not c.eos:
-                    built.add(b, continuation_ids(self.views[m], b, c.text))
+                    built.add(b, continuation_ids(self.batch.views[m], b, c.text))
         before = self.members[m].counters.tokens_processed
-        result = score(self, rows, cands)
+        result = score(self, proposal)
         fed.append(self.members[m].counters.tokens_processed - before)
         full.append(sum(len(t) for t in built.tokens))
         return result
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    monkeypatch.setattr(EnsembledWord, "score", counting)
     Ensemble(list(spacey), method="word-fixed", max_word_tokens=4).generate(PROMPTS, max_new_tokens=10)
     assert all(f <= n for f, n in zip(fed, full)) and sum(fed) < sum(full)
 
@@ -171,15 +172,15 @@ def test_lead_scores_from_its_completion_tree(scripted, monkeypatch, lead):
     """The lead completes its words last, through a tree holding the other members' candidates: when
     that tree holds every candidate, scoring costs the lead no forward, and the output is unchanged."""
     fws = []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def counting(self, rows, cands):
+    def counting(self, proposal):
         before = self.members[self.lead].counters.forward_passes
-        result = score(self, rows, cands)
+        result = score(self, proposal)
         fws.append(self.members[self.lead].counters.forward_passes - before)
         return result
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    monkeypatch.setattr(EnsembledWord, "score", counting)
     out = Ensemble(list(scripted), method="word-fixed", lead=lead).generate([P, P], max_new_tokens=200)
     assert [o.text for o in out] == [SCRIPT, SCRIPT]
     # (not every round: a byte-level first token like a lone UTF-8 lead byte re-encodes differently)
@@ -220,8 +221,8 @@ def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead, method, mon
     tokens: both recomputed from scratch (full re-encoding, no cache, no trees). With the gate on
     (a mixed batch), the lead's candidates of waiting rows are advanced in its confident forwards."""
     rides = []
-    ride = WordFusion._ride
-    monkeypatch.setattr(WordFusion, "_ride", lambda self, *a: rides.append(1) or ride(self, *a))
+    ride = LeadDecoder._ride
+    monkeypatch.setattr(LeadDecoder, "_ride", lambda self, *a: rides.append(1) or ride(self, *a))
     cfg = WordConfig(gate=False, max_word_tokens=4, calibration="none")
     gate = dict(threshold=[0.06, 0.02][lead]) if method == "adafuse" else {}  # mixed batches
     outs = Ensemble(list(spacey), method=method, lead=lead, max_word_tokens=4,
@@ -271,16 +272,16 @@ def test_one_token_candidates_are_scored_without_a_forward(bpe_pair, lead, monke
     only its last token there): no scoring forward; the chosen word reaches it with the next text it
     receives. Candidates and scores still equal a fresh reference, and so does every member's cache."""
     fws = []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def counting(self, rows, cands):
+    def counting(self, proposal):
         m = 1 - self.lead
         before = self.members[m].counters.forward_passes
-        result = score(self, rows, cands)
+        result = score(self, proposal)
         fws.append(self.members[m].counters.forward_passes - before)
         return result
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    monkeypatch.setattr(EnsembledWord, "score", counting)
     cfg = WordConfig(gate=False, max_word_tokens=4, calibration="none")
     outs = Ensemble(list(bpe_pair), method="word-fixed", lead=lead, max_word_tokens=4,
                     calibration="none").generate(PROMPTS, max_new_tokens=12)
@@ -292,13 +293,13 @@ def test_ensembled_words_of_all_rows_share_the_member_forwards(spacey, monkeypat
     """Confident rows advance while the others wait, so every ensembled round covers every active
     row (one set of member forwards per round for the whole batch), and outputs equal per-row runs."""
     seen = []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def recording(self, rows, cands):
-        seen.append((list(rows), self.active_rows()))
-        return score(self, rows, cands)
+    def recording(self, proposal):
+        seen.append((list(proposal.rows), self.batch.active()))
+        return score(self, proposal)
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", recording)
+    monkeypatch.setattr(EnsembledWord, "score", recording)
     ens = Ensemble(list(spacey), threshold=0.06, max_word_tokens=6)  # margins here are ~0.01-0.13
     outs = ens.generate(PROMPTS, max_new_tokens=16)
     kinds = {r.kind for o in outs for r in o.trace}
@@ -435,7 +436,7 @@ def test_confident_rows_run_on_through_word_boundaries(spacey, monkeypatch, thre
         return view, lead.cost_since(snap).forward_passes[lead.name]
 
     run_on, forwards = run()
-    monkeypatch.setattr(WordFusion, "_next_word", lambda self, *a: "stop")  # one word per step
+    monkeypatch.setattr(LeadDecoder, "_next_word", lambda self, *a: "stop")  # one word per step
     per_step, forwards_per_step = run()
     assert run_on == per_step
     assert any(len(r[1]) > 1 for o in run_on for r in o[3] if r[0] == "confident")

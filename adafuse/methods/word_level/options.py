@@ -48,6 +48,7 @@ class WordConfig:
     def validate(self) -> None:
         """Raise a one-line `ConfigError` naming the first invalid option."""
         def bad(name: str, want: str) -> ConfigError:
+            """The one-line error for option `name`."""
             return ConfigError(f"option {name}={getattr(self, name)!r} is invalid: {want}")
 
         if not isinstance(self.threshold, (int, float)) or not 0.0 <= float(self.threshold) <= 1.0:
