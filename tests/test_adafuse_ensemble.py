@@ -660,3 +660,140 @@ def test_candidates_through_drafters_change_no_output(spacey, lead):
     assert forwards(runs["all"], "char-llama") < forwards(runs["model-free"], "char-llama") == forwards(plain, "char-llama")
     assert forwards(runs["all"], "char-draft") > 0 == forwards(runs["model-free"], "char-draft")
     assert forwards(runs["off"], "bpe-qwen") == forwards(plain, "bpe-qwen")
+
+
+# ---- the pieces of word-level fusion (adafuse.methods.word_level) ----------------------------------
+def test_method_classes_equal_ensemble_runs(spacey):
+    from adafuse.methods.base import GenerationRequest, Method
+    from adafuse.methods.word_level import AdaFuse, WordFixed
+
+    req = GenerationRequest.make(PROMPTS, max_new_tokens=10, temperature=0.8, seed=3)
+    for cls, method in ((AdaFuse, "adafuse"), (WordFixed, "word-fixed")):
+        impl = cls()
+        assert isinstance(impl, Method) and impl.name == method and impl.Options is WordConfig
+        opts = impl.parse_options({"threshold": 0.05, "max_word_tokens": 6})
+        assert isinstance(opts, WordConfig) and opts.gate == (method == "adafuse")
+        outs = impl.generate(list(spacey), req, opts, weights=[1.0, 1.0], lead=0, speculators=[None, None])
+        ref = Ensemble(list(spacey), method=method, threshold=0.05, max_word_tokens=6).generate(
+            PROMPTS, max_new_tokens=10, temperature=0.8, seed=3)
+        view = [[(o.text, o.num_tokens, o.finish_reason, [r.to_dict() for r in o.trace]) for o in x] for x in (outs, ref)]
+        assert view[0] == view[1]
+        assert [o.cost.forward_passes for o in outs] == [o.cost.forward_passes for o in ref]
+    assert WordFixed().parse_options({"gate": True}).gate is False
+    outs = WordFixed().generate(list(spacey), req, WordConfig(threshold=0.05), weights=[1, 1], lead=0, speculators=None)
+    assert all(r.kind == "ensemble" for o in outs for r in o.trace)
+
+
+def test_method_classes_raise_one_line_config_errors(spacey):
+    from adafuse.methods.base import GenerationRequest
+    from adafuse.methods.word_level import AdaFuse
+
+    for options, needle in (({"bogus": 1}, "no option"), ({"span": -1}, "span"), ({"threshold": 2}, "threshold")):
+        with pytest.raises(ConfigError) as exc:
+            AdaFuse().parse_options(options)
+        assert needle in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(ConfigError) as exc:  # word-level methods sample with a temperature only
+        AdaFuse().generate(list(spacey), GenerationRequest.make([P], temperature=1.0, top_k=5), WordConfig(),
+                           weights=[1, 1], lead=0, speculators=None)
+    assert "top_k" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_ensembled_word_hands_dataclasses_from_step_to_step(spacey):
+    """propose -> Proposal -> score -> Scored -> fuse -> picks -> commit: what passes between the
+    steps is returned, nothing is left on the object; driven by hand it picks what a step commits."""
+    from adafuse.methods.word_level import Proposal, Scored
+
+    def fusion():
+        return WordFusion(list(spacey), PROMPTS, WordConfig(gate=False, max_word_tokens=4), weights=[1, 1], lead=0,
+                          chat=None, max_new_tokens=12, stop=[], temperature=0.0, seed=None)
+
+    by_hand = fusion()
+    word = by_hand.ensembled_word
+    attrs = dict(vars(word))
+    rows = by_hand.active_rows()
+    for m in range(len(spacey)):
+        by_hand.flush(m, rows)
+    proposal = word.propose(rows)
+    assert isinstance(proposal, Proposal) and proposal.rows == rows and set(proposal.open_trees) == {0, 1}
+    assert proposal.open_trees[0].is_open_in(by_hand.views[0].state)  # the lead's tree, for scoring
+    scored = word.score(proposal)
+    assert isinstance(scored, Scored) and scored.proposal is proposal
+    assert len(scored.logprobs) == len(scored.paths) == len(scored.trees) == len(spacey)
+    for m, member in enumerate(spacey):
+        assert set(scored.paths[m]) == {(b, j) for b in rows for j, c in enumerate(proposal.cands[b]) if not c.eos}
+        for b in rows:
+            assert len(scored.logprobs[m][b]) == len(proposal.cands[b])
+            for (row, j), path in scored.paths[m].items():
+                if row == b:
+                    assert len(scored.logprobs[m][b][j]) == len(path) and (scored.logprobs[m][b][j] <= 0).all()
+    picks = word.fuse(scored)
+    holders = word.commit(scored, picks)
+    assert set(picks) == set(holders) == set(rows) and all(0 in holders[b] for b in rows)
+    assert vars(word).keys() == attrs.keys() and all(vars(word)[k] is v for k, v in attrs.items())
+    stepped = fusion()
+    stepped.step()
+    for b in rows:
+        chosen = proposal.cands[b][picks[b]].text
+        assert stepped.traces[b][0].chosen == chosen and by_hand.views[0].texts[b] == chosen
+        assert [c.text for c in stepped.traces[b][0].candidates] == [c.text for c in proposal.cands[b]]
+
+
+def test_lead_branches_go_to_the_next_ensembled_word_once(spacey, monkeypatch):
+    """The lead advances the candidate words of waiting rows in its confident forwards and hands them
+    (`take_branches`) to the ensembled word that follows, keeping none."""
+    from adafuse.methods.word_level import Branches
+
+    handed = []
+    run = EnsembledWord.run
+    fusion = WordFusion(list(spacey), PROMPTS, WordConfig(threshold=0.06, max_word_tokens=6), weights=[1, 1], lead=0,
+                        chat=None, max_new_tokens=16, stop=[], temperature=0.0, seed=None)
+
+    def recording(self, rows, gates, lead_branches=None):
+        assert not fusion.lead_decoder.branches
+        handed.append(dict(lead_branches or {}))
+        assert set(handed[-1]) <= set(rows) and all(isinstance(x, Branches) for x in handed[-1].values())
+        return run(self, rows, gates, lead_branches)
+
+    monkeypatch.setattr(EnsembledWord, "run", recording)
+    fusion.run()
+    assert len(handed) > 1 and any(handed)
+
+
+@pytest.mark.parametrize("method", ["word-fixed", "adafuse"])
+def test_stop_strings_cut_at_the_earliest_match(scripted, method):
+    # " 256" completes both stop strings at once: the text is cut at the one that starts first,
+    # whatever their order in `stop` (runtime.stopping.StopStrings)
+    out = Ensemble(list(scripted), method=method).generate([P], max_new_tokens=200, stop=["= 2", "16 = 25"])[0]
+    assert out.text == SCRIPT[: SCRIPT.index("16 = 25")] and out.finish_reason == "stop"
+    assert units(out) == out.text
+
+
+def test_the_speculative_lead_calls_specdec_in_one_place(spacey, monkeypatch):
+    # every `decode` of the lead's speculator happens inside `LeadDecoder._speculate`, once per call
+    calls = {"speculate": 0, "decode": 0}
+    inside = []
+    speculate = LeadDecoder._speculate
+
+    def counting(self, *a, **k):
+        calls["speculate"] += 1
+        inside.append(1)
+        try:
+            return speculate(self, *a, **k)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(LeadDecoder, "_speculate", counting)
+    ens = Ensemble(list(spacey), max_word_tokens=6, threshold=0.0, drafters=["lookup", None])
+    engine = ens.speculators[0]
+    decode = engine.decode
+
+    def counted(*a, **k):
+        assert inside
+        calls["decode"] += 1
+        return decode(*a, **k)
+
+    engine.decode = counted
+    spec = ens.generate(PROMPTS, max_new_tokens=12)
+    plain = Ensemble(list(spacey), max_word_tokens=6, threshold=0.0).generate(PROMPTS, max_new_tokens=12)
+    assert [o.text for o in spec] == [o.text for o in plain]
+    assert calls["speculate"] > 0 and calls["decode"] == calls["speculate"]
