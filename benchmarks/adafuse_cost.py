@@ -222,11 +222,12 @@ def normalisation_main(args) -> None:
         for m in range(len(members)):
             fusion.flush(m, rows)
         margins = top2_margin(fusion.views[args.lead].state.next_probs(1.0)).tolist()
-        cands = fusion.propose(rows)
+        proposal = fusion.ensembled_word.propose(rows)
+        cands = proposal.cands
         for b in rows:
             if golds[b][pos] not in {c.text for c in cands[b]}:
                 cands[b].append(Candidate(golds[b][pos], ["gold"]))
-        lps = fusion.candidate_logprobs(rows, cands)
+        lps = fusion.ensembled_word.score(proposal).logprobs
         for b in rows:
             gold = golds[b][pos]
             lead_name = members[args.lead].name
@@ -241,7 +242,7 @@ def normalisation_main(args) -> None:
                     if cond:
                         table[f"{n}/{c}"][0] += int(pick == gold)
                         table[f"{n}/{c}"][1] += 1
-            fusion._commit(b, gold, held_by=())
+            fusion.batch.commit(b, gold, held_by=())
         fusion.flush(args.lead, rows)
         print(f"  word {pos}: {len(rows)} rows, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         print(json.dumps(_norm_report(hits, hits_u, lead_hits, args)), flush=True)

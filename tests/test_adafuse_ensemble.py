@@ -6,7 +6,7 @@ import torch
 
 from adafuse.ensemble import Ensemble
 from runtime.errors import ConfigError
-from adafuse.methods.word_level import WordConfig, WordFusion
+from adafuse.methods.word_level import EnsembledWord, LeadDecoder, WordConfig, WordFusion
 from runtime.testing import bpe_tokenizer, char_tokenizer
 from test_adafuse_helpers import scripted_member, spacey_member
 
@@ -116,19 +116,20 @@ def test_candidate_union_and_scores(spacey):
 
 def test_scoring_is_at_most_one_forward_per_member_per_round(spacey, monkeypatch):
     calls = []
-    score, commit = WordFusion.candidate_logprobs, WordFusion.commit_chosen
+    score, commit = EnsembledWord.score, EnsembledWord.commit
 
     def counting(fn, label):
-        def wrapped(self, rows, cands):
+        def wrapped(self, handed, *rest):  # score(proposal) / commit(scored, picks)
+            proposal = handed if label == "score" else handed.proposal
             before = [m.counters.forward_passes for m in self.members]
-            result = fn(self, rows, cands)
+            result = fn(self, handed, *rest)
             calls.append((label, [m.counters.forward_passes - x for m, x in zip(self.members, before)],
-                          sum(len(c) for c in cands.values()), len(rows)))
+                          sum(len(c) for c in proposal.cands.values()), len(proposal.rows)))
             return result
         return wrapped
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting(score, "score"))
-    monkeypatch.setattr(WordFusion, "commit_chosen", counting(commit, "commit"))
+    monkeypatch.setattr(EnsembledWord, "score", counting(score, "score"))
+    monkeypatch.setattr(EnsembledWord, "commit", counting(commit, "commit"))
     out = Ensemble(list(spacey), method="word-fixed", max_word_tokens=6).generate(PROMPTS, max_new_tokens=10)
     scores = [c for c in calls if c[0] == "score"]
     commits = [c for c in calls if c[0] == "commit"]
@@ -146,22 +147,22 @@ def test_scoring_feeds_only_candidates_missing_from_the_completion_tree(spacey, 
     (the other members' words), so it feeds fewer tokens than a tree of all candidates."""
     from adafuse.methods.word_level import TreeBuilder, continuation_ids
     fed, full = [], []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def counting(self, rows, cands):
+    def counting(self, proposal):
         m = 1 - self.lead
-        built = TreeBuilder(len(self.texts))
-        for b in rows:
-            for c in cands[b]:
+        built = TreeBuilder(len(self.batch.texts))
+        for b in proposal.rows:
+            for c in proposal.cands[b]:
                 if not c.eos:
-                    built.add(b, continuation_ids(self.views[m], b, c.text))
+                    built.add(b, continuation_ids(self.batch.views[m], b, c.text))
         before = self.members[m].counters.tokens_processed
-        result = score(self, rows, cands)
+        result = score(self, proposal)
         fed.append(self.members[m].counters.tokens_processed - before)
         full.append(sum(len(t) for t in built.tokens))
         return result
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    monkeypatch.setattr(EnsembledWord, "score", counting)
     Ensemble(list(spacey), method="word-fixed", max_word_tokens=4).generate(PROMPTS, max_new_tokens=10)
     assert all(f <= n for f, n in zip(fed, full)) and sum(fed) < sum(full)
 
@@ -171,15 +172,15 @@ def test_lead_scores_from_its_completion_tree(scripted, monkeypatch, lead):
     """The lead completes its words last, through a tree holding the other members' candidates: when
     that tree holds every candidate, scoring costs the lead no forward, and the output is unchanged."""
     fws = []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def counting(self, rows, cands):
+    def counting(self, proposal):
         before = self.members[self.lead].counters.forward_passes
-        result = score(self, rows, cands)
+        result = score(self, proposal)
         fws.append(self.members[self.lead].counters.forward_passes - before)
         return result
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    monkeypatch.setattr(EnsembledWord, "score", counting)
     out = Ensemble(list(scripted), method="word-fixed", lead=lead).generate([P, P], max_new_tokens=200)
     assert [o.text for o in out] == [SCRIPT, SCRIPT]
     # (not every round: a byte-level first token like a lone UTF-8 lead byte re-encodes differently)
@@ -220,8 +221,8 @@ def test_candidates_and_scores_equal_a_fresh_reference(spacey, lead, method, mon
     tokens: both recomputed from scratch (full re-encoding, no cache, no trees). With the gate on
     (a mixed batch), the lead's candidates of waiting rows are advanced in its confident forwards."""
     rides = []
-    ride = WordFusion._ride
-    monkeypatch.setattr(WordFusion, "_ride", lambda self, *a: rides.append(1) or ride(self, *a))
+    ride = LeadDecoder._ride
+    monkeypatch.setattr(LeadDecoder, "_ride", lambda self, *a: rides.append(1) or ride(self, *a))
     cfg = WordConfig(gate=False, max_word_tokens=4, calibration="none")
     gate = dict(threshold=[0.06, 0.02][lead]) if method == "adafuse" else {}  # mixed batches
     outs = Ensemble(list(spacey), method=method, lead=lead, max_word_tokens=4,
@@ -271,16 +272,16 @@ def test_one_token_candidates_are_scored_without_a_forward(bpe_pair, lead, monke
     only its last token there): no scoring forward; the chosen word reaches it with the next text it
     receives. Candidates and scores still equal a fresh reference, and so does every member's cache."""
     fws = []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def counting(self, rows, cands):
+    def counting(self, proposal):
         m = 1 - self.lead
         before = self.members[m].counters.forward_passes
-        result = score(self, rows, cands)
+        result = score(self, proposal)
         fws.append(self.members[m].counters.forward_passes - before)
         return result
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", counting)
+    monkeypatch.setattr(EnsembledWord, "score", counting)
     cfg = WordConfig(gate=False, max_word_tokens=4, calibration="none")
     outs = Ensemble(list(bpe_pair), method="word-fixed", lead=lead, max_word_tokens=4,
                     calibration="none").generate(PROMPTS, max_new_tokens=12)
@@ -292,13 +293,13 @@ def test_ensembled_words_of_all_rows_share_the_member_forwards(spacey, monkeypat
     """Confident rows advance while the others wait, so every ensembled round covers every active
     row (one set of member forwards per round for the whole batch), and outputs equal per-row runs."""
     seen = []
-    score = WordFusion.candidate_logprobs
+    score = EnsembledWord.score
 
-    def recording(self, rows, cands):
-        seen.append((list(rows), self.active_rows()))
-        return score(self, rows, cands)
+    def recording(self, proposal):
+        seen.append((list(proposal.rows), self.batch.active()))
+        return score(self, proposal)
 
-    monkeypatch.setattr(WordFusion, "candidate_logprobs", recording)
+    monkeypatch.setattr(EnsembledWord, "score", recording)
     ens = Ensemble(list(spacey), threshold=0.06, max_word_tokens=6)  # margins here are ~0.01-0.13
     outs = ens.generate(PROMPTS, max_new_tokens=16)
     kinds = {r.kind for o in outs for r in o.trace}
@@ -435,7 +436,7 @@ def test_confident_rows_run_on_through_word_boundaries(spacey, monkeypatch, thre
         return view, lead.cost_since(snap).forward_passes[lead.name]
 
     run_on, forwards = run()
-    monkeypatch.setattr(WordFusion, "_next_word", lambda self, *a: "stop")  # one word per step
+    monkeypatch.setattr(LeadDecoder, "_next_word", lambda self, *a: "stop")  # one word per step
     per_step, forwards_per_step = run()
     assert run_on == per_step
     assert any(len(r[1]) > 1 for o in run_on for r in o[3] if r[0] == "confident")
@@ -508,7 +509,7 @@ def test_cost_counters_per_member(spacey):
 # ---- configuration errors -----------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(method="nope"), "unknown method"),
-    (dict(bogus=1), "no option"),
+    (dict(bogus=1), "unknown option 'bogus'"),
     (dict(threshold=1.5), "threshold"),
     (dict(span=-1), "span"),
     (dict(candidates=0), "candidates"),
@@ -659,3 +660,140 @@ def test_candidates_through_drafters_change_no_output(spacey, lead):
     assert forwards(runs["all"], "char-llama") < forwards(runs["model-free"], "char-llama") == forwards(plain, "char-llama")
     assert forwards(runs["all"], "char-draft") > 0 == forwards(runs["model-free"], "char-draft")
     assert forwards(runs["off"], "bpe-qwen") == forwards(plain, "bpe-qwen")
+
+
+# ---- the pieces of word-level fusion (adafuse.methods.word_level) ----------------------------------
+def test_method_classes_equal_ensemble_runs(spacey):
+    from adafuse.methods.base import GenerationRequest, Method
+    from adafuse.methods.word_level import AdaFuse, WordFixed
+
+    req = GenerationRequest.make(PROMPTS, max_new_tokens=10, temperature=0.8, seed=3)
+    for cls, method in ((AdaFuse, "adafuse"), (WordFixed, "word-fixed")):
+        impl = cls()
+        assert isinstance(impl, Method) and impl.name == method and impl.Options is WordConfig
+        opts = impl.parse_options({"threshold": 0.05, "max_word_tokens": 6})
+        assert isinstance(opts, WordConfig) and opts.gate == (method == "adafuse")
+        outs = impl.generate(list(spacey), req, opts, weights=[1.0, 1.0], lead=0, speculators=[None, None])
+        ref = Ensemble(list(spacey), method=method, threshold=0.05, max_word_tokens=6).generate(
+            PROMPTS, max_new_tokens=10, temperature=0.8, seed=3)
+        view = [[(o.text, o.num_tokens, o.finish_reason, [r.to_dict() for r in o.trace]) for o in x] for x in (outs, ref)]
+        assert view[0] == view[1]
+        assert [o.cost.forward_passes for o in outs] == [o.cost.forward_passes for o in ref]
+    assert WordFixed().parse_options({"gate": True}).gate is False
+    outs = WordFixed().generate(list(spacey), req, WordConfig(threshold=0.05), weights=[1, 1], lead=0, speculators=None)
+    assert all(r.kind == "ensemble" for o in outs for r in o.trace)
+
+
+def test_method_classes_raise_one_line_config_errors(spacey):
+    from adafuse.methods.base import GenerationRequest
+    from adafuse.methods.word_level import AdaFuse
+
+    for options, needle in (({"bogus": 1}, "unknown option 'bogus'"), ({"span": -1}, "span"), ({"threshold": 2}, "threshold")):
+        with pytest.raises(ConfigError) as exc:
+            AdaFuse().parse_options(options)
+        assert needle in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(ConfigError) as exc:  # word-level methods sample with a temperature only
+        AdaFuse().generate(list(spacey), GenerationRequest.make([P], temperature=1.0, top_k=5), WordConfig(),
+                           weights=[1, 1], lead=0, speculators=None)
+    assert "top_k" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_ensembled_word_hands_dataclasses_from_step_to_step(spacey):
+    """propose -> Proposal -> score -> Scored -> fuse -> picks -> commit: what passes between the
+    steps is returned, nothing is left on the object; driven by hand it picks what a step commits."""
+    from adafuse.methods.word_level import Proposal, Scored
+
+    def fusion():
+        return WordFusion(list(spacey), PROMPTS, WordConfig(gate=False, max_word_tokens=4), weights=[1, 1], lead=0,
+                          chat=None, max_new_tokens=12, stop=[], temperature=0.0, seed=None)
+
+    by_hand = fusion()
+    word = by_hand.ensembled_word
+    attrs = dict(vars(word))
+    rows = by_hand.active_rows()
+    for m in range(len(spacey)):
+        by_hand.flush(m, rows)
+    proposal = word.propose(rows)
+    assert isinstance(proposal, Proposal) and proposal.rows == rows and set(proposal.open_trees) == {0, 1}
+    assert proposal.open_trees[0].is_open_in(by_hand.views[0].state)  # the lead's tree, for scoring
+    scored = word.score(proposal)
+    assert isinstance(scored, Scored) and scored.proposal is proposal
+    assert len(scored.logprobs) == len(scored.paths) == len(scored.trees) == len(spacey)
+    for m, member in enumerate(spacey):
+        assert set(scored.paths[m]) == {(b, j) for b in rows for j, c in enumerate(proposal.cands[b]) if not c.eos}
+        for b in rows:
+            assert len(scored.logprobs[m][b]) == len(proposal.cands[b])
+            for (row, j), path in scored.paths[m].items():
+                if row == b:
+                    assert len(scored.logprobs[m][b][j]) == len(path) and (scored.logprobs[m][b][j] <= 0).all()
+    picks = word.fuse(scored)
+    holders = word.commit(scored, picks)
+    assert set(picks) == set(holders) == set(rows) and all(0 in holders[b] for b in rows)
+    assert vars(word).keys() == attrs.keys() and all(vars(word)[k] is v for k, v in attrs.items())
+    stepped = fusion()
+    stepped.step()
+    for b in rows:
+        chosen = proposal.cands[b][picks[b]].text
+        assert stepped.traces[b][0].chosen == chosen and by_hand.views[0].texts[b] == chosen
+        assert [c.text for c in stepped.traces[b][0].candidates] == [c.text for c in proposal.cands[b]]
+
+
+def test_lead_branches_go_to_the_next_ensembled_word_once(spacey, monkeypatch):
+    """The lead advances the candidate words of waiting rows in its confident forwards and hands them
+    (`take_branches`) to the ensembled word that follows, keeping none."""
+    from adafuse.methods.word_level import Branches
+
+    handed = []
+    run = EnsembledWord.run
+    fusion = WordFusion(list(spacey), PROMPTS, WordConfig(threshold=0.06, max_word_tokens=6), weights=[1, 1], lead=0,
+                        chat=None, max_new_tokens=16, stop=[], temperature=0.0, seed=None)
+
+    def recording(self, rows, gates, lead_branches=None):
+        assert not fusion.lead_decoder.branches
+        handed.append(dict(lead_branches or {}))
+        assert set(handed[-1]) <= set(rows) and all(isinstance(x, Branches) for x in handed[-1].values())
+        return run(self, rows, gates, lead_branches)
+
+    monkeypatch.setattr(EnsembledWord, "run", recording)
+    fusion.run()
+    assert len(handed) > 1 and any(handed)
+
+
+@pytest.mark.parametrize("method", ["word-fixed", "adafuse"])
+def test_stop_strings_cut_at_the_earliest_match(scripted, method):
+    # " 256" completes both stop strings at once: the text is cut at the one that starts first,
+    # whatever their order in `stop` (runtime.stopping.StopStrings)
+    out = Ensemble(list(scripted), method=method).generate([P], max_new_tokens=200, stop=["= 2", "16 = 25"])[0]
+    assert out.text == SCRIPT[: SCRIPT.index("16 = 25")] and out.finish_reason == "stop"
+    assert units(out) == out.text
+
+
+def test_the_speculative_lead_calls_specdec_in_one_place(spacey, monkeypatch):
+    # every `decode` of the lead's speculator happens inside `LeadDecoder._speculate`, once per call
+    calls = {"speculate": 0, "decode": 0}
+    inside = []
+    speculate = LeadDecoder._speculate
+
+    def counting(self, *a, **k):
+        calls["speculate"] += 1
+        inside.append(1)
+        try:
+            return speculate(self, *a, **k)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(LeadDecoder, "_speculate", counting)
+    ens = Ensemble(list(spacey), max_word_tokens=6, threshold=0.0, drafters=["lookup", None])
+    engine = ens.speculators[0]
+    decode = engine.decode
+
+    def counted(*a, **k):
+        assert inside
+        calls["decode"] += 1
+        return decode(*a, **k)
+
+    engine.decode = counted
+    spec = ens.generate(PROMPTS, max_new_tokens=12)
+    plain = Ensemble(list(spacey), max_word_tokens=6, threshold=0.0).generate(PROMPTS, max_new_tokens=12)
+    assert [o.text for o in spec] == [o.text for o in plain]
+    assert calls["speculate"] > 0 and calls["decode"] == calls["speculate"]
