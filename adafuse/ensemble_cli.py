@@ -13,7 +13,7 @@ from typing import Any
 from runtime.errors import ConfigError
 
 METHODS = ("adafuse", "word-fixed", "token-union", "sample-rerank", "single")
-_KNOBS = ("threshold", "span", "candidates", "normalise", "calibration", "draft_candidates")
+_KNOBS = ("threshold", "span", "candidates", "normalise", "calibration", "draft_candidates", "fusion", "keep_margin")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--candidates", type=int, help="candidate words proposed per member (3)")
     g.add_argument("--normalise", choices=["token", "byte", "char", "sum"], help="candidate score normalisation (byte)")
     g.add_argument("--calibration", choices=["none", "softmax"], help="cross-member score calibration (softmax)")
+    g.add_argument("--fusion", choices=["mean", "confidence", "lead-keeps"],
+                   help="how members' votes combine at an ensembled word (mean)")
+    g.add_argument("--keep_margin", type=float, help="lead-keeps: margin the others must beat the lead's word by (0)")
     g.add_argument("--lead", type=int, default=0, help="index of the lead member (gate, confident words, EOS)")
     g.add_argument("--drafters", help="comma-separated drafter per member: lookup, a model name, or empty/none")
     g.add_argument("--draft_candidates", choices=["model-free", "all", "off"],

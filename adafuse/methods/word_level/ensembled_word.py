@@ -19,7 +19,7 @@ word in every member's open tree that holds it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -29,6 +29,7 @@ from adafuse.methods.word_level.options import WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Candidate, Round
 from adafuse.methods.word_level.trees import (Branches, OpenTree, TreeBuilder, complete_words, continuation_ids,
                                               top_firsts, trie_path)
+from adafuse.gate import top2_margin
 from adafuse.scoring import choose, fuse_scores, normalised_score
 from runtime.member import Member
 
@@ -42,6 +43,8 @@ class Proposal:
     rows: list[int]
     cands: dict[int, list[Candidate]]
     open_trees: dict[int, OpenTree | None]
+    lead_word: dict[int, str | None] = field(default_factory=dict)  # row -> the lead's own word (or EOS_KEY)
+    margins: dict[int, list[float]] = field(default_factory=dict)   # member -> per row p1 - p2 ("confidence")
 
 
 @dataclass
@@ -97,11 +100,18 @@ class EnsembledWord:
         words: dict[int, dict[int, list[str]]] = {}
         known: dict[int, list[str]] = {b: [] for b in rows}
         open_trees: dict[int, OpenTree | None] = {}
+        margins: dict[int, list[float]] = {}
+        lead_top_eos: dict[int, bool] = {}
         order = [m for m in range(len(self.members)) if m != self.lead] + [self.lead]
         for m in order:
             view = self.batch.views[m]
             guessed = self._flush_guessing(m, rows, known) if self._guesses_with_flush(m) else None
             firsts, eos = top_firsts(view, rows, cfg.candidates)
+            if cfg.fusion == "confidence":
+                margins[m] = top2_margin(view.state.next_probs(1.0)).tolist()
+            if m == self.lead:
+                top1 = view.state.next_probs(1.0).argmax(-1).tolist()
+                lead_top_eos = {b: top1[b] in view.member.eos_token_ids for b in rows}
             started: dict[int, Branches] = {}
             if m == self.lead:
                 eos_first = eos  # EOS takes one of the B slots; only the lead's counts
@@ -126,7 +136,9 @@ class EnsembledWord:
                     cand = union[b].setdefault(w, Candidate(w))
                     if names[m] not in cand.proposed_by:
                         cand.proposed_by.append(names[m])
-        return Proposal(list(rows), {b: list(union[b].values()) for b in rows}, open_trees)
+        lead_word = {b: EOS_KEY if lead_top_eos[b] else (words[self.lead][b][0] or None) if words[self.lead][b] else None
+                     for b in rows}
+        return Proposal(list(rows), {b: list(union[b].values()) for b in rows}, open_trees, lead_word, margins)
 
     def _guesses_with_flush(self, m: int) -> bool:
         """Whether member m receives its pending text with guesses (`_flush_guessing`, in `propose`)."""
@@ -246,11 +258,24 @@ class EnsembledWord:
                     c.scores[names[m]] = round(s, 4)
         picks: dict[int, int] = {}
         for b in rows:
-            fused = fuse_scores(raw[b], self.weights, cfg.calibration)
+            fused = fuse_scores(raw[b], self._weights(scored.proposal, b), cfg.calibration)
+            if cfg.fusion == "lead-keeps":
+                own = scored.proposal.lead_word.get(b)
+                keys = [EOS_KEY if c.eos else c.text for c in cands[b]]
+                if own in keys:
+                    fused[keys.index(own)] += float(cfg.keep_margin)
             for c, f in zip(cands[b], fused.tolist()):
                 c.fused = round(f, 4)
             picks[b] = choose(fused, self.temperature, self.batch.row_gen(b))
         return picks
+
+    def _weights(self, proposal: Proposal, b: int) -> list[float]:
+        """The member weights at row b's word: the weights, scaled by each member's own margin under
+        `fusion="confidence"` (the weights alone where every margin is 0)."""
+        if self.config.fusion != "confidence":
+            return self.weights
+        scaled = [w * proposal.margins[m][b] for m, w in enumerate(self.weights)]
+        return scaled if sum(scaled) > 0 else self.weights
 
     def commit(self, scored: Scored, picks: dict[int, int]) -> dict[int, list[int]]:
         """Every member keeps the chosen candidate's branch of its open scoring tree (no forward)
@@ -290,7 +315,8 @@ class EnsembledWord:
             margin, decision = gates[b]
             batch.traces[b].append(Round("ensemble", [chosen.text] if chosen.text else [],
                                          [{"margin": round(margin, 4), "decision": decision}],
-                                         lead_name, proposal.cands[b], EOS_KEY if chosen.eos else chosen.text))
+                                         lead_name, proposal.cands[b], EOS_KEY if chosen.eos else chosen.text,
+                                         proposal.lead_word.get(b)))
             batch.streak[b] = 0
             if chosen.eos:
                 batch.finish[b] = "eos"

@@ -7,6 +7,7 @@ from adafuse.scoring import CALIBRATIONS, NORMALISATIONS
 from runtime.errors import ConfigError
 
 DRAFT_CANDIDATES = ("model-free", "all", "off")
+FUSIONS = ("mean", "confidence", "lead-keeps")
 
 
 @dataclass
@@ -25,7 +26,15 @@ class WordConfig:
     costs no forward; `docs/results/adafuse_cost/gsm8k_20_fp32_drafted_candidates.md`: fewer
     forwards, same time). A model drafter's forwards cost more than the member forwards they save
     on candidate words of one or two tokens (0.5B drafting for a 1.5B member, bfloat16:
-    `gsm8k_6_lead15_drafted_candidates.md`)."""
+    `gsm8k_6_lead15_drafted_candidates.md`).
+
+    `fusion` (the rule that turns the members' scores into the fused score, with `calibration`):
+    - "mean": the weighted mean over members (the paper's rule, with the member weights);
+    - "confidence": each member's weight is scaled by its own margin p1 - p2 at this word start, so a
+      member that is unsure here counts for less (rows where every margin is 0 use the weights);
+    - "lead-keeps": the mean, but the lead's own word (its greedy candidate, or its EOS) gets a bonus
+      of `keep_margin`: it stands unless another candidate's fused score beats it by more than that
+      (in fused-score units: log mixture probability with `calibration="softmax"`)."""
 
     threshold: float = 0.7       # gate: confident iff p1 - p2 >= threshold
     span: int = 3                # max words committed without ensembling
@@ -36,6 +45,8 @@ class WordConfig:
     gate: bool = True            # False = word-fixed: ensemble every word
     flush_guesses: int = 16      # guesses fed with a non-lead's flush, split over its rows (0: off)
     draft_candidates: str = "model-free"  # which members' drafters draft their candidate words: see below
+    fusion: str = "mean"         # how members' votes combine at an ensembled word: see below
+    keep_margin: float = 0.0     # lead-keeps: how much the others' fused score must beat the lead's word by
 
     def validate(self) -> None:
         """Raise a one-line `ConfigError` naming the first invalid option."""
@@ -57,3 +68,8 @@ class WordConfig:
             raise bad("gate", "True or False")
         if self.draft_candidates not in DRAFT_CANDIDATES:
             raise bad("draft_candidates", f"one of {', '.join(DRAFT_CANDIDATES)}")
+        if self.fusion not in FUSIONS:
+            raise bad("fusion", f"one of {', '.join(FUSIONS)}")
+        if isinstance(self.keep_margin, bool) or not isinstance(self.keep_margin, (int, float)) \
+                or not 0.0 <= float(self.keep_margin) < float("inf"):
+            raise bad("keep_margin", "a finite number >= 0")

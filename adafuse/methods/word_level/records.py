@@ -30,6 +30,7 @@ class Round:
     proposer: str                      # the member whose distribution drove the gate
     candidates: list[Candidate] = field(default_factory=list)
     chosen: str | None = None          # the committed candidate (ensemble rounds; "<eos>" = stop)
+    lead_word: str | None = None       # ensemble rounds: the lead's own word (its greedy candidate or "<eos>")
 
     @property
     def text(self) -> str:
@@ -44,9 +45,21 @@ class Round:
 
 
 def round_stats(trace: Sequence[Round], text: str) -> dict[str, Any]:
-    """Counts for reports: rounds, ensembled rounds, words committed confidently / by ensembling."""
-    ens = sum(1 for r in trace if r.kind == "ensemble")
+    """Counts for reports: rounds, ensembled rounds, words committed confidently / by ensembling,
+    ensembled words where the lead's own word lost (`overruled`), and per member how many ensembled
+    words it proposed the winner of (`won_by`; a word several members proposed counts for each)."""
+    ensembled = [r for r in trace if r.kind == "ensemble"]
     conf_words = sum(len(r.units) for r in trace if r.kind == "confident")
-    ens_words = sum(len(r.units) for r in trace if r.kind == "ensemble")
-    return {"rounds": len(trace), "ensemble_rounds": ens, "confident_words": conf_words,
-            "ensembled_words": ens_words, "units": conf_words + ens_words}
+    ens_words = sum(len(r.units) for r in ensembled)
+    won_by: dict[str, int] = {}
+    for r in ensembled:
+        key = r.chosen
+        for c in r.candidates:
+            if (EOS_KEY if c.eos else c.text) == key:
+                for name in c.proposed_by:
+                    won_by[name] = won_by.get(name, 0) + 1
+                break
+    overruled = sum(1 for r in ensembled if r.lead_word is not None and r.chosen != r.lead_word)
+    return {"rounds": len(trace), "ensemble_rounds": len(ensembled), "confident_words": conf_words,
+            "ensembled_words": ens_words, "units": conf_words + ens_words, "overruled": overruled,
+            "won_by": won_by}
