@@ -160,6 +160,40 @@ def paired_table(rows: list[dict[str, Any]], baseline: str, n_resamples: int = 1
     return "\n".join(lines)
 
 
+def word_table(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
+    """Why ensembled words are won or lost, per word-level run (from each example's `gen_stats`):
+    ensembled words per example, how many of them overruled the lead's own word, which member
+    proposed the winners (share of ensembled words), and — against `baseline` — the examples the run
+    lost / won while overruling the lead at least once (greedy: the first word where an ensemble's
+    text leaves its lead's own text is an overruled word)."""
+    lines = ["| task | run | ensembled words / ex | overruled / ex | winners proposed by | lost / won with overrules |",
+             "|---|---|--:|--:|---|---|"]
+    for r in rows:
+        recs = _records(r)
+        stats = [x.get("gen_stats") or {} for x in recs]
+        if not stats or not any("overruled" in s for s in stats):
+            continue
+        n = len(recs)
+        words = sum(s.get("ensembled_words", 0) for s in stats)
+        over = sum(s.get("overruled", 0) for s in stats)
+        won: dict[str, int] = {}
+        for s in stats:
+            for name, k in (s.get("won_by") or {}).items():
+                won[name] = won.get(name, 0) + k
+        share = ", ".join(f"{name} {100 * k / max(words, 1):.0f}%" for name, k in sorted(won.items(), key=lambda x: -x[1]))
+        flips = "-"
+        base = next((b for b in rows if baseline and b["run"] == baseline and b["task"] == r["task"]), None)
+        if base is not None and base is not r:
+            by_id = {x["id"]: x for x in _records(base)}
+            lost = sum(1 for x in recs if x["id"] in by_id and x["score"] < by_id[x["id"]]["score"]
+                       and (x.get("gen_stats") or {}).get("overruled", 0) > 0)
+            gained = sum(1 for x in recs if x["id"] in by_id and x["score"] > by_id[x["id"]]["score"]
+                         and (x.get("gen_stats") or {}).get("overruled", 0) > 0)
+            flips = f"{lost} / {gained}"
+        lines.append(f"| {r['task']} | {r['run']} | {words / n:.1f} | {over / n:.1f} | {share or '-'} | {flips} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def _diff(d) -> str:
     scale = 100.0 if d.metric in ("exact_match", "exact_match_number", "f1") else 1.0
     star = "*" if d.significant else ""
@@ -176,6 +210,9 @@ def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: st
     table = markdown_table(rows)
     if baseline:
         table += "\n\n" + paired_table(rows, baseline)
+    words = word_table(rows, baseline)
+    if words:
+        table += "\n\nWhy ensembled words are won or lost:\n\n" + words
     return table, plot(rows, out, cost)
 
 

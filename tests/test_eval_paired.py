@@ -97,3 +97,24 @@ def test_report_baseline_on_a_results_folder(tmp_path: Path, monkeypatch: pytest
                for line in table.splitlines())
     with pytest.raises(Exception, match="no such run"):
         paired_table(collect([tmp_path / "out"]), "nobody")
+
+
+def test_word_table_counts_overrules_and_flips(tmp_path: Path):
+    from eval.report import word_table
+
+    def write(run, recs):
+        folder = tmp_path / run / "gsm8k"
+        folder.mkdir(parents=True)
+        (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return {"_path": str(folder / "metrics.json"), "task": "gsm8k", "run": run}
+
+    ens = write("ens", [
+        {"id": 0, "score": 0.0, "gen_stats": {"ensembled_words": 4, "overruled": 2, "won_by": {"a": 2, "b": 3}}},
+        {"id": 1, "score": 1.0, "gen_stats": {"ensembled_words": 2, "overruled": 1, "won_by": {"a": 1, "b": 1}}},
+        {"id": 2, "score": 0.0, "gen_stats": {"ensembled_words": 2, "overruled": 0, "won_by": {"a": 2}}}])
+    lead = write("lead", [{"id": 0, "score": 1.0}, {"id": 1, "score": 0.0}, {"id": 2, "score": 1.0}])
+    table = word_table([ens, lead], baseline="lead")
+    row = next(line for line in table.splitlines() if line.startswith("| gsm8k | ens"))
+    # 8 ensembled words over 3 examples, 3 overruled; winners a 5/8, b 4/8; lost 1 (id 0, overruled), won 1
+    assert row == "| gsm8k | ens | 2.7 | 1.0 | a 62%, b 50% | 1 / 1 |"
+    assert "| gsm8k | lead" not in table
