@@ -23,9 +23,9 @@ from typing import Any, Sequence
 import torch
 
 from runtime.errors import ConfigError
-from runtime.member import _END_OF_TURN_TOKENS, Member, check_finished, split_batch_cost
+from runtime.member import END_OF_TURN_TOKENS as _END_OF_TURN_TOKENS, Member, check_finished
 from adafuse.methods.token_union import batch_cost, check_call
-from runtime.outputs import Cost, GenerationOutput
+from runtime.outputs import Cost, GenerationOutput, split_batch_cost
 from runtime.sampling import sample
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 

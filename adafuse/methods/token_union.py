@@ -39,8 +39,8 @@ from typing import Any, Sequence
 import torch
 
 from runtime.errors import ConfigError
-from runtime.member import Member, make_generators, split_batch_cost
-from runtime.outputs import Cost, GenerationOutput
+from runtime.member import Member, make_generators
+from runtime.outputs import Cost, GenerationOutput, split_batch_cost
 from runtime.text_state import MemberText
 
 METHOD = "token-union"

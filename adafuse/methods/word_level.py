@@ -51,8 +51,9 @@ import torch
 
 from runtime.errors import ConfigError
 from adafuse.gate import top2_margin
-from runtime.member import KVState, Member, make_generators, split_batch_cost
-from runtime.outputs import Cost, GenerationOutput
+from runtime.kv_state import KVState
+from runtime.member import Member, make_generators
+from runtime.outputs import Cost, GenerationOutput, split_batch_cost
 from runtime.sampling import sample
 from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, choose, fuse_scores, normalised_score
 from runtime.text_state import MemberText
