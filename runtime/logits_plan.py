@@ -6,10 +6,11 @@ Four modes, for B rows of N (padded) new tokens:
 - "all":  every position: [B, N, V];
 - "last": each row's last new token: [B, V];
 - "at":   per row, given node indices: [B, K, V], row b's k-th = node at[b][k] (rows with fewer
-          repeat their last; a row with none gets the first kept position);
+          repeat their last);
 - "none": nothing (the model still computes one position; `read` returns None).
 
-`LogitsPlan.make` gives the model's `logits_to_keep` (positions shared by all rows) and `head`
+A row that wants nothing (no node in "at", no new token in "last") gets filler logits, not to be
+read. `LogitsPlan.make` gives the model's `logits_to_keep` (positions shared by all rows) and `head`
 [B, K] bool, the (row, kept position) pairs actually wanted: a packed LM head
 (`runtime.packed_linear.only_tokens`) computes only those and, for "at" / "last" (`compact`),
 returns them compacted as [1, n, V] in row-major order. `read(logits, compacted)` gives the mode's
