@@ -1,6 +1,6 @@
 """`KVState`: the token ids and KV cache of a batch of rows of one member, and every operation on them.
 
-Operations (each one model forward at most):
+Operations (one model forward each, plus one that re-feeds rows rolled back before, if any):
 
 - `append(tokens)`              commit tokens to each row, returns their logits;
 - `next_probs(...)`             next-token distribution after warping (temperature / top-k / top-p);
@@ -73,7 +73,7 @@ class KVState:
         keep: str,                 # "all" | "last" | "none" | "at": which logits to compute (`LogitsPlan`)
         at: Sequence[Sequence[int]] | None = None,  # keep="at": per row, node indices wanted
         roots: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor | None, list[int]]:
+    ) -> tuple[torch.Tensor | None, int]:
         """Feed new tokens as a forest hanging off each row's committed sequence. Returns
         (logits [B, N, V] float32 or [B, V] for keep="last", and the first new slot index).
         `roots` = (seen [B, N, S] bool, depth [B, N] long) puts the roots of the new block (parent
@@ -83,21 +83,21 @@ class KVState:
         if max((len(t) for t in tokens), default=0) == 0:
             return None, S
         member = self.member
+        device = member.device
         seen, root_depth = roots if roots is not None else (None, None)
         inputs = tree_inputs(tokens, parents, self.slot_pos.cpu(), self.lengths, seen=seen, root_depth=root_depth,
                              sliding_window=member.sliding_window if member.has_sliding else None)
-        plan = LogitsPlan.make(keep, tokens, inputs.valid, at, device=member.device)
-        logits, compacted = self._run_model(inputs, plan)
+        plan = LogitsPlan.make(keep, tokens, inputs.valid, at, device=device)
+        logits, compacted = self._run_model(inputs, plan, device)
         pos = inputs.position_ids
-        new_pos = torch.where(inputs.valid, pos, torch.full_like(pos, -1)).to(member.device)
+        new_pos = torch.where(inputs.valid, pos, torch.full_like(pos, -1)).to(device)
         self.slot_pos = torch.cat([self.slot_pos, new_pos], dim=1)
         return plan.read(logits, compacted), S
 
-    def _run_model(self, inputs: TreeInputs, plan: LogitsPlan) -> tuple[torch.Tensor, bool]:
+    def _run_model(self, inputs: TreeInputs, plan: LogitsPlan, device: torch.device) -> tuple[torch.Tensor, bool]:
         """One model call on the cache; counts it. Returns (the model's logits, whether the packed LM
         head compacted them). Packed layers skip padding; "at" / "last" may compact the head."""
         member = self.member
-        device = member.device
         attention_mask = inputs.attention_mask(member.dtype, device)
         with only_tokens(inputs.valid.to(device), plan.head.to(device), compact_head=plan.compact) as run:
             out = member.model(
