@@ -26,6 +26,9 @@ from runtime.prefix_cache import ChunkKV, PrefixCache, chunk_of
 from runtime.sampling import SamplingParams, sample
 from runtime.stopping import StopStrings
 
+__all__ = ["END_OF_TURN_TOKENS", "Counters", "Member", "check_finished", "load_member", "make_generators",
+           "resolve_dtype"]
+
 END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
 
 
