@@ -112,7 +112,8 @@ def cost_main(args) -> None:
     import torch
 
     from adafuse.ensemble import Ensemble
-    from runtime.member import PrefixCache, load_member
+    from runtime.member import load_member
+    from runtime.prefix_cache import PrefixCache
 
     torch.set_num_threads(args.threads)
     time_prefill()

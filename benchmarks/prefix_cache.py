@@ -1,4 +1,4 @@
-"""Prompt prefill with and without the prefix-chunk cache (`runtime.member.PrefixCache`), one process.
+"""Prompt prefill with and without the prefix-chunk cache (`runtime.prefix_cache.PrefixCache`), one process.
 
 k-shot evaluation prompts share their exemplars. For each member, the GSM8K k-shot prompts of
 `--limit` test questions are prefilled in batches of `--batch_size` (`Member.start`, which is what

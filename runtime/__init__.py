@@ -1,6 +1,19 @@
-"""The member runtime, the ground floor: a causal LM + tokenizer + KV cache for a batch of rows
-(`member`, `kv_cache`), packed CPU kernels (`packed_linear`, `gqa_attention`), sampling, the
-offline model registry, text <-> each member's ids (`text_state`), prompts, outputs and errors.
+"""The member runtime, the ground floor every generation path stands on: one causal LM + its
+tokenizer, run with a KV cache over a batch of rows. It imports nothing from `specdec`, `adafuse`,
+`rlid` or `eval`.
 
-Imports nothing from `specdec`, `adafuse`, `rlid` or `eval`.
+- `member`       `Member` (model + tokenizer: prompts, text <-> ids, EOS, plain `generate`) and
+                 `load_member` (a registry name, local folder or hub id);
+- `loader`       every member spec (also a `(model, tokenizer)` pair or a `Member`) -> one cached
+                 `Member`: `MemberLoader`, `load`;
+- `kv_state`     `KVState`: a batch's ids + KV cache (append, next_probs, trees, score, rollback);
+- `tree_mask`    pure masks and position ids of a forward that feeds a token forest;
+- `logits_plan`  which logits a forward computes and how they are read back;
+- `open_tree`    bookkeeping of a token tree fed but not yet accepted;
+- `prefix_cache` prompt-prefix chunk KV shared across rows and calls;
+- `kv_cache`     a KV cache that grows in place;
+- `packed_linear`, `gqa_attention`  faster CPU kernels with the same outputs;
+- `sampling`, `stopping`, `outputs`  warping and drawing tokens, stop strings, outputs and costs;
+- `text_state`   shared text <-> one member's ids and cache (cross-tokenizer bookkeeping);
+- `registry`, `cli_models`  the offline model registry and its CLI; `prompts`, `errors`, `testing`.
 """

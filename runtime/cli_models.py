@@ -1,4 +1,4 @@
-"""`adafuse models list|fetch|path`."""
+"""`adafuse models list|fetch|path`: the registry (`runtime.registry`) from the command line."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,8 @@
-"""Small dataclasses that flow out of every generation path (single member, speculative, ensemble)."""
+"""What every generation path (single member, speculative, ensemble) returns, and what it cost.
+
+`GenerationOutput` per prompt with its `Cost` (forwards and tokens fed per member name, wall time);
+`CostMeter` measures a generation from the members' counters; `split_batch_cost` spreads a batch's
+cost evenly over its rows."""
 from __future__ import annotations
 
 import time

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from runtime.errors import AdafuseError, InsufficientMemoryError, ModelNotFetchedError, UnknownModelError
+from runtime.errors import (AdafuseError, ConfigError, InsufficientMemoryError, ModelNotFetchedError,
+                            UnknownModelError)
 
 MARKER = "adafuse_model.json"
 
@@ -158,7 +159,7 @@ def resolve(name_or_path: str) -> tuple[str, Path | str]:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise AdafuseError(f"folder '{path}' has no config.json; pass a save_pretrained folder or a registry name")
+            raise ConfigError(f"folder '{path}' has no config.json; pass a save_pretrained folder or a registry name")
         return path.name, path
     if "/" in name_or_path and not name_or_path.startswith((".", "/", "~")):
         return name_or_path.split("/")[-1], name_or_path

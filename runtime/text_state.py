@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from runtime.member import KVState, Member
+from runtime.kv_state import KVState
+from runtime.member import Member
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -54,13 +55,6 @@ class MemberText:
         for b, piece in enumerate(pieces):
             self.texts[b] += piece
         self.sync([b for b, piece in enumerate(pieces) if piece])
-
-    def set_texts(self, texts: Sequence[str]) -> None:
-        """Replace rows' committed text (e.g. after an outside decision) and sync the cache."""
-        changed = [b for b, t in enumerate(texts) if t != self.texts[b]]
-        for b in changed:
-            self.texts[b] = texts[b]
-        self.sync(changed)
 
     def sync(self, rows: Sequence[int] | None = None, append_as_is: dict[int, list[int]] | None = None,
              below: dict[int, tuple[list[int], list[int]]] | None = None) -> None:

@@ -21,7 +21,8 @@ import torch
 
 from runtime.text_state import common_prefix_len
 from runtime.errors import TokenizerMismatchError
-from runtime.member import KVState, Member
+from runtime.kv_state import KVState
+from runtime.member import Member
 from runtime.sampling import logits_to_probs
 from specdec.tree import DraftTree, add_children, tree_from_sequences
 

@@ -26,8 +26,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from runtime.member import KVState, Member, check_finished, make_generators, split_batch_cost
-from runtime.outputs import Cost, GenerationOutput
+from runtime.kv_state import KVState
+from runtime.member import Member, check_finished, make_generators
+from runtime.outputs import Cost, GenerationOutput, split_batch_cost
 from runtime.sampling import logits_to_probs
 from specdec.drafters import Drafter, drafter_member
 from specdec.tree import DraftTree, forward_inputs

@@ -366,7 +366,7 @@ def test_flush_guesses_change_no_output(request, pair, lead, method, monkeypatch
     texts, gate decisions, candidates and (to float rounding) scores equal a run without them. With
     a shared BPE the non-lead's first tokens are often among the lead's guesses, which saves it
     forwards."""
-    from runtime.member import KVState
+    from runtime.kv_state import KVState
 
     members = request.getfixturevalue(pair)
     opened = []

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from runtime.errors import ConfigError
-from runtime.member import KVState
+from runtime.kv_state import KVState
 from adafuse.methods import token_union as tu
 from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from runtime.member import KVState
+from runtime.kv_state import KVState
 from runtime.sampling import logits_to_probs
 from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 
@@ -251,6 +251,19 @@ def test_stop_strings_are_excluded():
     stop = free[2:4]
     out = m.generate(["abc"], max_new_tokens=10, stop=[stop])[0]
     assert out.finish_reason == "stop" and out.text == free[: free.find(stop)]
+
+
+def test_check_finished_cuts_at_the_earliest_stop_string():
+    from runtime.member import check_finished
+    from runtime.stopping import StopStrings
+
+    m = tiny_member("llama", tokenizer=char_tokenizer())
+    ids = m.encode("ab, cd. ef")
+    for stop in ([". ", ","], [",", ". "], StopStrings([". ", "", ","])):
+        assert check_finished(m, ids, stop, 100) == ("stop", "ab")
+    assert check_finished(m, ids, [], 100) == (None, "ab, cd. ef")
+    assert check_finished(m, ids, ["x"], len(ids)) == ("length", "ab, cd. ef")
+    assert check_finished(m, ids + [m.tokenizer.eos_token_id], [","], 100) == ("eos", "ab, cd. ef")
 
 
 def test_warpers_match_transformers():

@@ -27,7 +27,7 @@ import torch
 from adafuse.methods.base import GenerationRequest, Method, run_method
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 from runtime.errors import ConfigError
-from runtime.member import _END_OF_TURN_TOKENS, Member, check_finished
+from runtime.member import END_OF_TURN_TOKENS, Member, check_finished
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
 from runtime.sampling import sample
 
@@ -83,7 +83,7 @@ def end_token(member: Member, chat: bool | None) -> int | None:
     use_chat = member.use_chat_template if chat is None else (chat and member.use_chat_template)
     if use_chat:
         vocab = member.tokenizer.get_vocab()
-        for t in _END_OF_TURN_TOKENS:
+        for t in END_OF_TURN_TOKENS:
             if t in vocab and vocab[t] in member.eos_token_ids:
                 return vocab[t]
     eos = member.tokenizer.eos_token_id

@@ -25,7 +25,7 @@ from adafuse.methods.word_level.options import WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Round
 from adafuse.methods.word_level.trees import Branches, TreeBuilder, top_firsts
 from adafuse.words import word_end
-from runtime.member import KVState
+from runtime.kv_state import KVState
 from runtime.sampling import sample
 
 

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 import torch
 
 from adafuse.words import word_end
-from runtime.member import KVState, Member
+from runtime.kv_state import KVState
+from runtime.member import Member
 from runtime.text_state import MemberText
 
 

@@ -1,0 +1,435 @@
+"""`KVState`: the token ids and KV cache of a batch of rows of one member, and every operation on them.
+
+Operations (one model forward each, plus one that re-feeds rows rolled back before, if any):
+
+- `append(tokens)`              commit tokens to each row, returns their logits;
+- `next_probs(...)`             next-token distribution after warping (temperature / top-k / top-p);
+- `forward_tree(tokens, parents)` + `accept(paths)`  score a token tree in one forward and keep only
+                                 the accepted path; with `extend=True` a later forward grows the open
+                                 tree by new nodes only; `append_open` commits tokens and opens a tree
+                                 below them in one forward;
+- `score(continuations)`        log-probs of several continuations per row in one forward, no commit;
+- `rollback(lengths)`           shorten rows (the last logits are refreshed lazily);
+- `load_prefix` / `extend_without_logits`  prefill from chunk KV (`runtime.prefix_cache`).
+
+Rows may have different lengths. The cache is a slot array shared by all rows; `slot_pos[b, j]` is
+the position id of slot j in row b, or -1 when the slot is free (padding, rejected tree nodes,
+rolled-back tokens). Every forward builds its own 4-D masks from `slot_pos`
+(`runtime.tree_mask.tree_inputs`: tree masks, per-node positions, sliding windows), so holes cost a
+little attention but never change results; `runtime.logits_plan` says which logits it computes. Free
+slots are dropped at the end and compacted away when they dominate the cache. The open tree's
+bookkeeping is `runtime.open_tree.OpenTree`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from runtime.logits_plan import LogitsPlan
+from runtime.open_tree import OpenTree, TreeBlock
+from runtime.packed_linear import only_tokens
+from runtime.prefix_cache import ChunkKV, stacked_layer
+from runtime.sampling import logits_to_probs
+from runtime.tree_mask import TreeInputs, tree_inputs
+
+if TYPE_CHECKING:
+    from runtime.member import Member
+
+
+class KVState:
+    """Token ids + KV cache of a batch of rows of one member. See the module docstring."""
+
+    def __init__(self, member: Member, batch_size: int):
+        from runtime.kv_cache import GrowableCache  # (imports transformers: only once a state is made)
+
+        self.member = member
+        self.batch_size = batch_size
+        self.cache = GrowableCache()
+        self.ids: list[list[int]] = [[] for _ in range(batch_size)]
+        self.slots: list[list[int]] = [[] for _ in range(batch_size)]  # slot of each committed token
+        self.slot_pos = torch.empty(batch_size, 0, dtype=torch.long, device=member.device)
+        self.last_logits: torch.Tensor | None = None  # [B, V] float32, after each row's last token
+        self._tree: OpenTree | None = None
+        self._tree_serial = 0
+        self._stale: set[int] = set()  # rows whose last_logits predate a rollback
+
+    def __repr__(self) -> str:
+        return f"KVState(member={self.member.name!r}, rows={self.batch_size}, lengths={self.lengths}, slots={self.num_slots})"
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(r) for r in self.ids]
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.slot_pos.shape[1])
+
+    # ---- the one forward -------------------------------------------------------------------
+    def _forward(
+        self,
+        tokens: list[list[int]],   # per row, N_b new tokens
+        parents: list[list[int]],  # per row, parent index within the row's new tokens; -1 = last committed
+        keep: str,                 # "all" | "last" | "none" | "at": which logits to compute (`LogitsPlan`)
+        at: Sequence[Sequence[int]] | None = None,  # keep="at": per row, node indices wanted
+        roots: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor | None, int]:
+        """Feed new tokens as a forest hanging off each row's committed sequence. Returns
+        (logits [B, N, V] float32 or [B, V] for keep="last", and the first new slot index).
+        `roots` = (seen [B, N, S] bool, depth [B, N] long) puts the roots of the new block (parent
+        -1) elsewhere: root i of row b sees exactly the past slots seen[b, i] and sits at depth
+        depth[b, i] past the row's committed tokens (an open tree's nodes below which it hangs)."""
+        S = self.num_slots
+        if max((len(t) for t in tokens), default=0) == 0:
+            return None, S
+        member = self.member
+        device = member.device
+        seen, root_depth = roots if roots is not None else (None, None)
+        inputs = tree_inputs(tokens, parents, self.slot_pos.cpu(), self.lengths, seen=seen, root_depth=root_depth,
+                             sliding_window=member.sliding_window if member.has_sliding else None)
+        plan = LogitsPlan.make(keep, tokens, inputs.valid, at, device=device)
+        logits, compacted = self._run_model(inputs, plan, device)
+        pos = inputs.position_ids
+        new_pos = torch.where(inputs.valid, pos, torch.full_like(pos, -1)).to(device)
+        self.slot_pos = torch.cat([self.slot_pos, new_pos], dim=1)
+        return plan.read(logits, compacted), S
+
+    def _run_model(self, inputs: TreeInputs, plan: LogitsPlan, device: torch.device) -> tuple[torch.Tensor, bool]:
+        """One model call on the cache; counts it. Returns (the model's logits, whether the packed LM
+        head compacted them). Packed layers skip padding; "at" / "last" may compact the head."""
+        member = self.member
+        attention_mask = inputs.attention_mask(member.dtype, device)
+        with only_tokens(inputs.valid.to(device), plan.head.to(device), compact_head=plan.compact) as run:
+            out = member.model(
+                input_ids=inputs.tokens.to(device), attention_mask=attention_mask,
+                position_ids=inputs.position_ids.to(device), cache=self.cache, use_cache=True,
+                logits_to_keep=plan.logits_to_keep,
+            )
+        member.counters.count(int(inputs.valid.sum()))
+        return out.logits, run.compacted
+
+    # ---- public operations -----------------------------------------------------------------
+    def load_prefix(self, ids: Sequence[Sequence[int]], chunks: Sequence[Sequence[ChunkKV]]) -> None:
+        """Append precomputed KV (`Member.prefix_chunks`) of `ids[b]` to each row of a state whose
+        rows have no free slots (a fresh state, or one only ever extended this way)."""
+        if any(len(self.slots[b]) != self.num_slots for b in range(self.batch_size)) or self._tree is not None:
+            raise RuntimeError("load_prefix() needs a state without free slots")
+        S, B = self.num_slots, self.batch_size
+        n = max(len(r) for r in ids)
+        if n == 0:
+            return
+        device = self.member.device
+        n_layers = max(len(kv) for row in chunks for kv in row)
+        for i in range(n_layers):
+            kv = stacked_layer(chunks, [len(r) for r in ids], i, n)
+            if kv is not None:
+                self.cache.update(kv[0], kv[1], i)
+        pos = torch.full((B, n), -1, dtype=torch.long)
+        for b, r in enumerate(ids):
+            pos[b, : len(r)] = torch.arange(len(r)) + len(self.ids[b])
+            self.ids[b].extend(r)
+            self.slots[b].extend(range(S, S + len(r)))
+            if r:
+                self._stale.add(b)  # until the next append brings this row's last_logits
+        self.slot_pos = torch.cat([self.slot_pos, pos.to(device)], dim=1)
+
+    def extend_without_logits(self, tokens: Sequence[Sequence[int]]) -> int:
+        """Commit the same number of tokens to every row without computing any logits (prefill
+        chunks); returns the first new slot."""
+        if len({len(t) for t in tokens}) != 1:
+            raise ValueError("extend_without_logits() needs the same number of tokens per row")
+        self._discard_tree()
+        tokens = [list(t) for t in tokens]
+        _, first = self._forward(tokens, [list(range(-1, len(t) - 1)) for t in tokens], "none")
+        self._commit_rows(tokens, [list(range(first, first + len(t))) for t in tokens], None)
+        return first
+
+    @torch.no_grad()
+    def append(self, tokens: Sequence[Sequence[int]], return_logits: bool = True) -> torch.Tensor | None:
+        """Commit `tokens[b]` to row b (rows may get different counts, including none). Returns
+        logits [B, N, V] for every appended position when `return_logits` (row b's valid ones are
+        the first len(tokens[b])); updates `last_logits` for rows that got tokens."""
+        self._discard_tree()
+        tokens = [list(t) for t in tokens]
+        self._stale.difference_update(b for b, t in enumerate(tokens) if t)
+        parents = [list(range(-1, len(t) - 1)) for t in tokens]
+        logits, first = self._forward(tokens, parents, "all" if return_logits else "last")
+        if logits is None:
+            return None
+        last = logits[torch.arange(self.batch_size), [max(len(t) - 1, 0) for t in tokens]] if return_logits else logits
+        self._commit_rows(tokens, [list(range(first, first + len(t))) for t in tokens], last)
+        return logits if return_logits else None
+
+    def _commit_rows(self, ids: Sequence[Sequence[int]], slots: Sequence[Sequence[int]],
+                     last_logits: torch.Tensor | None) -> None:
+        """Record committed tokens `ids[b]` at cache slots `slots[b]`; without `last_logits` the rows'
+        next-token logits are stale until their next append."""
+        if self.last_logits is None and last_logits is not None:
+            self.last_logits = torch.zeros(self.batch_size, last_logits.shape[-1], dtype=torch.float32,
+                                           device=last_logits.device)
+        for b, (row_ids, row_slots) in enumerate(zip(ids, slots)):
+            if not row_ids:
+                continue
+            self.ids[b].extend(row_ids)
+            self.slots[b].extend(row_slots)
+            if last_logits is None:
+                self._stale.add(b)
+            else:
+                self.last_logits[b] = last_logits[b]
+
+    def next_probs(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+        """[B, V] next-token distribution of each row after its last committed token."""
+        if self.last_logits is None:
+            raise RuntimeError("empty state: append a prompt first")
+        self._refresh()
+        return logits_to_probs(self.last_logits, temperature, top_k, top_p)
+
+    @torch.no_grad()
+    def forward_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
+                     logits_at: Sequence[Sequence[int]] | None = None, extend: bool = False) -> torch.Tensor:
+        """Score a token tree per row in one forward, without committing. `parents[b][i]` is the
+        index of node i's parent among row b's nodes (-1: child of the last committed token).
+        Returns logits [B, N, V] (the distribution after each node). Call `accept` next.
+        With `logits_at` (per row, node indices) only those nodes get logits (the LM head is the
+        costly part with large vocabularies): returns [B, K, V], row b's k-th = node logits_at[b][k]
+        (rows with fewer repeat a valid column); `accept` can then keep, per row, a path ending at
+        one of those nodes (or none).
+        `extend=True` grows the open tree instead (a fresh one if none is open): the new nodes of
+        row b are numbered on from its n_b nodes (n_b + i for tokens[b][i]); `parents` and
+        `logits_at` use those tree-wide numbers, a parent may be any node of the tree, and the
+        returned logits are of the new nodes only ([B, N, V], row b's i-th = node n_b + i; or in
+        `logits_at` order). The nodes already fed are not fed again. `tree_logits` gathers the logits
+        of any nodes of the open tree; `accept` takes tree-wide node numbers."""
+        if not (extend and self._tree is not None):
+            self._discard_tree()
+            self._refresh()  # (a tree is only ever opened on fresh rows)
+        tokens = [list(t) for t in tokens]
+        parents = [list(p) for p in parents]
+        tree = self._tree
+        if tree is None:
+            n_old = [0] * self.batch_size
+            local_parents, roots = parents, None
+        else:
+            n_old = [len(t) for t in tree.tokens]
+            local_parents, roots = tree.roots_below(self.slot_pos, tokens, parents)
+        at = None if logits_at is None else [[int(i) - n for i in row] for row, n in zip(logits_at, n_old)]
+        if at is not None and any(i < 0 or i >= len(t) for row, t in zip(at, tokens) for i in row):
+            raise ValueError("logits_at may only name nodes fed by this forward")
+        before = self.num_slots
+        logits, first = self._forward(tokens, local_parents, "all" if at is None else "at", at=at, roots=roots)
+        if tree is None:
+            self._tree_serial += 1
+            tree = self._tree = OpenTree.empty(first, len(tokens), self._tree_serial)
+        tree.add_nodes(tokens, parents, before - tree.first)
+        if logits is not None:
+            cols = ([{n_old[b] + i: i for i in range(len(t))} for b, t in enumerate(tokens)] if at is None else
+                    [{n_old[b] + i: k for k, i in enumerate(row)} for b, row in enumerate(at)])
+            tree.blocks.append(TreeBlock(logits, cols))
+        return logits
+
+    @torch.no_grad()
+    def append_open(self, tokens: Sequence[Sequence[int]], tree_tokens: Sequence[Sequence[int]],
+                    tree_parents: Sequence[Sequence[int]]) -> None:
+        """`append(tokens, return_logits=False)` and `forward_tree(tree_tokens, tree_parents)` in one
+        forward: row b commits tokens[b] and opens a tree that hangs below its new last token
+        (parent -1), every node with logits, numbered 0.. as if fed by `forward_tree` after the
+        append. The same state and logits as the two calls, for the cost of one forward (a
+        lazy flush of committed text can so carry guesses of what comes next)."""
+        self._discard_tree()
+        self._stale.difference_update(b for b, t in enumerate(tokens) if t)
+        trunk = [len(t) for t in tokens]
+        combined, parents, at = [], [], []
+        for t, tt, tp, n in zip(tokens, tree_tokens, tree_parents, trunk):
+            if len(tt) != len(tp):
+                raise ValueError("tree_tokens and tree_parents must have the same length per row")
+            combined.append(list(t) + list(tt))
+            parents.append(list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in tp])
+            at.append(([n - 1] if n else []) + [n + i for i in range(len(tt))])
+        self.forward_tree(combined, parents, logits_at=at)
+        self._commit_trunk(trunk)
+
+    def _commit_trunk(self, trunk: Sequence[int]) -> None:
+        """Commit the first trunk[b] nodes of row b's open tree (a chain from the root, the last one
+        with logits); the rest stays open, renumbered from 0, its children of the trunk's end now
+        children of the last committed token (-1)."""
+        tree = self._tree
+        ids, slots, last = [], [], []
+        for b, n in enumerate(trunk):
+            ids.append(tree.tokens[b][:n])
+            slots.append([tree.first + s for s in tree.slots[b][:n]])
+            last.append(tree.logits_of(b, n - 1) if n else None)
+            if n:
+                tree.drop_trunk(b, n)
+        if any(trunk):
+            fill = next(x for x in last if x is not None)
+            self._commit_rows(ids, slots, torch.stack([x if x is not None else fill for x in last]))
+
+    def tree_logits(self, nodes: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits [B, K, V] after the given nodes (per row, tree-wide numbers) of the open tree; row b's
+        k-th = nodes[b][k] (rows with fewer repeat their last; a row with none gets zeros)."""
+        tree = self._tree
+        if tree is None:
+            raise RuntimeError("tree_logits() needs an open tree (forward_tree)")
+        width = max((len(r) for r in nodes), default=0)
+        vocab = tree.blocks[0].logits.shape[-1] if tree.blocks else self.member.vocab_size
+        out = torch.zeros(self.batch_size, width, vocab, dtype=torch.float32, device=self.member.device)
+        for b, row in enumerate(nodes):
+            for k, node in enumerate(list(row) + list(row[-1:]) * (width - len(row))):
+                found = tree.logits_of(b, node)
+                if found is None:
+                    raise RuntimeError(f"row {b}: node {node} of the open tree has no logits")
+                out[b, k] = found
+        return out
+
+    def node_logits(self, row: int, node: int) -> torch.Tensor | None:
+        """The logits [V] after one node of the open tree (None: no open tree, or no logits there)."""
+        return self._tree.logits_of(row, node) if self._tree is not None else None
+
+    @property
+    def open_tree_serial(self) -> int | None:
+        """A number that identifies the open tree (None if none is open); it changes with every
+        new tree, not when the tree is extended."""
+        return self._tree.serial if self._tree is not None else None
+
+    def _discard_tree(self) -> None:
+        if self._tree is not None:
+            self.accept([[] for _ in range(self.batch_size)])
+
+    def accept(self, paths: Sequence[Sequence[int]]) -> None:
+        """Commit, per row, the node numbers of a root-to-node chain of the open tree (may be empty);
+        all other tree nodes are freed. A path must end at a node that has logits."""
+        tree = self._tree
+        if tree is None:
+            raise RuntimeError("accept() needs a preceding forward_tree()")
+        last = None
+        if any(paths):
+            ends = []
+            for b, path in enumerate(paths):
+                found = tree.logits_of(b, path[-1]) if path else None
+                if path and found is None:
+                    raise RuntimeError("with logits_at, an accepted path must end at a node that has logits")
+                ends.append(found)
+            fill = next(e for e in ends if e is not None)
+            last = torch.stack([e if e is not None else fill for e in ends])
+        self._tree = None
+        first = tree.first
+        free = torch.zeros_like(self.slot_pos[:, first:], dtype=torch.bool)  # the tree's slots not kept
+        for b, path in enumerate(paths):
+            free[b, tree.slots[b]] = True
+            if path:
+                free[b, [tree.slots[b][i] for i in path]] = False
+        self.slot_pos[:, first:] = self.slot_pos[:, first:].masked_fill(free.to(self.slot_pos.device), -1)
+        if last is not None:
+            self._stale.difference_update(b for b, path in enumerate(paths) if path)
+            self._commit_rows([[tree.tokens[b][i] for i in path] for b, path in enumerate(paths)],
+                              [[first + tree.slots[b][i] for i in path] for b, path in enumerate(paths)], last)
+        # accepted nodes sit at depth 0..k-1 of the tree, so their positions already equal their
+        # final positions; only the freed slots need compaction
+        self._trim()
+
+    @torch.no_grad()
+    def score(self, continuations: Sequence[Sequence[Sequence[int]]]) -> list[list[torch.Tensor]]:
+        """Log-probs of each continuation's tokens given each row's committed prefix, in one forward
+        (continuations become branches of a tree; nothing is committed). Returns, per row and per
+        continuation, a float32 tensor [len(continuation)]."""
+        if self.last_logits is None:
+            raise RuntimeError("empty state: append a prompt first")
+        self._discard_tree()
+        self._refresh()
+        tokens, parents, spans = [], [], []
+        for conts in continuations:
+            t, p, s = [], [], []
+            for c in conts:
+                start = len(t)
+                t.extend(c)
+                p.extend([-1] + list(range(start, start + len(c) - 1)) if c else [])
+                s.append((start, len(c)))
+            tokens.append(t)
+            parents.append(p)
+            spans.append(s)
+        logits, first = self._forward(tokens, parents, "all")
+        self.slot_pos[:, first:] = -1
+        self._trim()
+        last_lp = torch.log_softmax(self.last_logits.float(), dim=-1)
+        out: list[list[torch.Tensor]] = []
+        for b, conts in enumerate(continuations):
+            row = []
+            lp = torch.log_softmax(logits[b], dim=-1) if logits is not None and tokens[b] else None
+            for c, (start, n) in zip(conts, spans[b]):
+                if n == 0:
+                    row.append(torch.zeros(0))
+                    continue
+                ids = torch.tensor(c, device=last_lp.device)
+                prev = torch.cat([last_lp[b : b + 1], lp[start : start + n - 1]], dim=0)
+                row.append(prev.gather(-1, ids[:, None]).squeeze(-1).cpu())
+            out.append(row)
+        return out
+
+    def rollback(self, lengths: Sequence[int]) -> None:
+        """Shorten row b to `lengths[b]` tokens (>= 1; no-op where equal). A shortened row's
+        `last_logits` is refreshed lazily (one re-fed token) unless new tokens are appended first."""
+        self._discard_tree()
+        for b, n in enumerate(lengths):
+            if n > len(self.ids[b]):
+                raise ValueError(f"row {b}: cannot roll back to {n} > current length {len(self.ids[b])}")
+            if n == len(self.ids[b]):
+                continue
+            if n < 1:
+                raise ValueError("rollback keeps at least one token per row")
+            self.slot_pos[b, self.slots[b][n:]] = -1
+            del self.ids[b][n:]
+            del self.slots[b][n:]
+            self._stale.add(b)
+        self._trim()
+
+    def _refresh(self) -> None:
+        """Recompute `last_logits` of rolled-back rows by re-feeding their last token."""
+        if not self._stale:
+            return
+        rows = sorted(self._stale)
+        refeed: list[list[int]] = [[] for _ in range(self.batch_size)]
+        for b in rows:
+            self.slot_pos[b, self.slots[b][-1]] = -1
+            self.slots[b].pop()
+            refeed[b] = [self.ids[b].pop()]
+        self._stale.clear()
+        self.append(refeed, return_logits=False)
+
+    def _trim(self) -> None:
+        """Drop trailing free slots; compact when free slots dominate the cache."""
+        valid = self.slot_pos >= 0
+        if valid.numel() == 0:
+            return
+        any_valid = valid.any(dim=0)
+        nz = torch.nonzero(any_valid)
+        keep_to = int(nz[-1]) + 1 if len(nz) else 0
+        S = self.num_slots
+        if keep_to < S:
+            self.cache.crop(keep_to - S)
+            self.slot_pos = self.slot_pos[:, :keep_to]
+        longest = max(self.lengths) if self.batch_size else 0
+        if self.num_slots - longest > max(64, longest // 2):
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather each row's committed slots to the left of the cache (order kept)."""
+        longest = max(self.lengths)
+        device = self.slot_pos.device
+        index = torch.zeros(self.batch_size, longest, dtype=torch.long)
+        new_pos = torch.full((self.batch_size, longest), -1, dtype=torch.long)
+        for b, slots in enumerate(self.slots):
+            n = len(slots)
+            if n:
+                index[b, :n] = torch.tensor(slots)
+                new_pos[b, :n] = self.slot_pos[b, slots].cpu()
+        index = index.to(device)
+        for layer in self.cache.layers:
+            if not getattr(layer, "is_initialized", False) or layer.keys is None or layer.keys.numel() == 0:
+                continue
+            idx = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            keys = layer.keys.gather(2, idx)  # (both read before either is replaced)
+            values = layer.values.gather(2, idx.expand(-1, -1, -1, layer.values.shape[-1]))
+            layer.keys, layer.values = keys, values
+        self.slot_pos = new_pos.to(device)
+        self.slots = [list(range(len(s))) for s in self.slots]
+

@@ -1,0 +1,155 @@
+"""Member specs -> `Member`s, through one cache: the one place that decides what a member spec means.
+
+A spec is one of:
+
+- a `Member`: returned as is;
+- a string (or `os.PathLike`): a registry name, a local `save_pretrained` folder or a hub id, loaded
+  by `runtime.member.load_member` in the loader's dtype on its device and cached by (spec, dtype,
+  device): asking twice gives the same `Member` (one model, one set of counters, one prefix cache).
+  Dtype aliases ("fp32", torch.float32) and the spellings of one folder share an entry;
+- a `(model, tokenizer)` pair: wrapped as a new `Member`, the model used as given (its own dtype and
+  device); not cached.
+
+A bad spec raises `runtime.errors.ConfigError`, one line naming the problem and the fix (unknown
+names list the known ones). Errors of a good spec that cannot load now (a registry model not fetched
+yet, not enough memory) keep their own `AdafuseError` types.
+
+    loader = MemberLoader(dtype="bfloat16")
+    lead = loader.member("qwen2.5-coder-0.5b")        # loaded once
+    same = loader.member("qwen2.5-coder-0.5b")        # the same Member
+    members = loader.members(["smollm2-135m", (model, tokenizer), lead])
+
+`load(spec, dtype=..., device=...)` does the same through the process-wide `default_loader()`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from runtime.errors import ConfigError, UnknownModelError
+from runtime.member import Member, resolve_dtype
+
+_KINDS = "a registry name (see: adafuse models list), a local save_pretrained folder, a hub id, a (model, tokenizer) pair or a Member"
+
+CacheKey = tuple[str, torch.dtype, str]
+
+
+class MemberLoader:
+    """Loads members in `dtype` on `device` (both may be overridden per call) and caches them."""
+
+    def __init__(self, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"):
+        self.dtype = resolve_dtype(dtype)
+        self.device = _device(device)
+        self._members: dict[CacheKey, Member] = {}
+
+    def __repr__(self) -> str:
+        return f"MemberLoader(dtype={self.dtype}, device={self.device!r}, cached={len(self._members)})"
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def member(self, spec: Any, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+               ) -> Member:
+        """The `Member` for `spec` (see the module docstring)."""
+        if isinstance(spec, Member):
+            return spec
+        if isinstance(spec, (tuple, list)) and len(spec) == 2 and not any(isinstance(x, (str, os.PathLike)) for x in spec):
+            return Member(*_check_pair(spec[0], spec[1]))
+        if isinstance(spec, os.PathLike):
+            spec = os.fspath(spec)
+        if not isinstance(spec, str):
+            raise ConfigError(f"member {_short(spec)} is invalid: give {_KINDS}")
+        if not spec.strip():
+            raise ConfigError(f"member {spec!r} is empty: give {_KINDS}")
+        torch_dtype = self.dtype if dtype is None else resolve_dtype(dtype)
+        where = self.device if device is None else _device(device)
+        key = (_spec_key(spec), torch_dtype, where)
+        if key not in self._members:
+            self._members[key] = _load(spec, torch_dtype, where)
+        return self._members[key]
+
+    def members(self, specs: Sequence[Any]) -> list[Member]:
+        """`member(spec)` for each spec, in order."""
+        return [self.member(s) for s in specs]
+
+    def cached(self) -> list[Member]:
+        """The members loaded so far, in load order."""
+        return list(self._members.values())
+
+    def clear(self) -> None:
+        """Forget every cached member (their models are freed once nobody else holds them)."""
+        self._members.clear()
+
+
+_default: MemberLoader | None = None
+
+
+def default_loader() -> MemberLoader:
+    """The process-wide loader behind `load` (float32 on the CPU unless a call says otherwise)."""
+    global _default
+    if _default is None:
+        _default = MemberLoader()
+    return _default
+
+
+def load(spec: Any, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> Member:
+    """`default_loader().member(spec, dtype, device)`: one cached `Member` per (spec, dtype, device)."""
+    return default_loader().member(spec, dtype=dtype, device=device)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _load(spec: str, dtype: torch.dtype, device: str) -> Member:
+    from runtime import member as member_module  # looked up per call, so tests can replace load_member
+
+    try:
+        return member_module.load_member(spec, dtype=dtype, device=device)
+    except UnknownModelError as exc:
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        if "/" in spec and not Path(spec).expanduser().exists():
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"member '{spec}' is not a loadable hub id ({first}); check the id, or give "
+                              "a registry name or a local save_pretrained folder") from None
+        raise
+
+
+def _spec_key(spec: str) -> str:
+    """One key per model: registry names as given, local folders as their absolute path."""
+    from runtime import registry
+
+    if spec in registry.REGISTRY:
+        return spec
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.is_dir() else spec
+
+
+def _device(device: str | torch.device) -> str:
+    try:
+        return str(torch.device(device))
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device {device!r} is invalid: use 'cpu', 'cuda' or 'cuda:N'") from None
+
+
+def _is_model(x: Any) -> bool:
+    return isinstance(x, torch.nn.Module) and hasattr(x, "config") and callable(getattr(x, "get_output_embeddings", None))
+
+
+def _is_tokenizer(x: Any) -> bool:
+    return callable(x) and callable(getattr(x, "decode", None)) and not isinstance(x, torch.nn.Module)
+
+
+def _check_pair(model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    if _is_model(model) and _is_tokenizer(tokenizer):
+        return model, tokenizer
+    if _is_tokenizer(model) and _is_model(tokenizer):
+        raise ConfigError("member pair is (tokenizer, model): give (model, tokenizer)")
+    raise ConfigError(f"member pair ({type(model).__name__}, {type(tokenizer).__name__}) is invalid: give "
+                      "(a causal LM such as AutoModelForCausalLM.from_pretrained(...), its tokenizer)")
+
+
+def _short(spec: Any) -> str:
+    text = repr(spec)
+    return text if len(text) <= 60 else text[:57] + "..."
