@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from adafuse.methods import GenerationRequest, Method, get_method
 from adafuse.methods.base import check_members
 from runtime.errors import ConfigError
-from runtime.member import Member, load_member
+from runtime.loader import load
 from runtime.outputs import GenerationOutput
 from specdec import drafters as dr
 from specdec.engine import SpeculativeGenerator
@@ -48,21 +48,10 @@ class EnsembleConfig:
         return [float(x) for x in self.weights] if self.weights is not None else [1.0] * num_members
 
 
-def resolve_member(spec: Any, dtype: str):
-    """A `Member` from a registry name / folder / hub id, a `(model, tokenizer)` pair or a `Member`."""
-    if isinstance(spec, Member):
-        return spec
-    if isinstance(spec, str):
-        return load_member(spec, dtype=dtype)
-    if isinstance(spec, (tuple, list)) and len(spec) == 2:
-        return Member(spec[0], spec[1])
-    raise ConfigError(f"member {spec!r} is invalid: a name/folder/hub id, a (model, tokenizer) pair or a Member")
-
-
 def build_speculator(target, drafter: Any, dtype: str) -> Any:
     """A `specdec.SpeculativeGenerator` for `target` with `drafter`: "lookup" (prompt lookup), a
     model name / Member sharing the target's tokenizer, or a ready drafter object."""
-    drafter = dr.make_drafter(drafter, dtype, load=lambda name: resolve_member(name, dtype))
+    drafter = dr.make_drafter(drafter, dtype, load=lambda name: load(name, dtype=dtype))
     return SpeculativeGenerator(target, drafter=drafter, **dr.default_shape(drafter))
 
 
@@ -80,7 +69,7 @@ class Ensemble:
         if drafters is not None and len(drafters) != len(members):
             raise ConfigError(f"drafters must list one entry (or None) per member: {len(members)} members, "
                               f"{len(drafters)} drafters")
-        self.members = [resolve_member(m, dtype) for m in members]
+        self.members = [load(m, dtype=dtype) for m in members]
         self.speculators = [None if d is None else build_speculator(m, d, dtype)
                             for m, d in zip(self.members, drafters or [None] * len(self.members))]
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+import runtime.member
 from eval import methods
+from runtime import registry, testing
 from eval.config import parse_config
 from eval.runner import evaluate
 from eval.testing import make_data
@@ -23,15 +25,13 @@ def _clear():
 
 
 def test_single_with_tiny_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    testing = pytest.importorskip("runtime.testing")
-    pytest.importorskip("runtime.member")
     loads: list[tuple[str, str]] = []
 
-    def fake_load(name: str, dtype: str = "float32", **kw):
-        loads.append((name, dtype))
+    def fake_load(name: str, dtype="float32", **kw):
+        loads.append((name, str(dtype).replace("torch.", "")))
         return testing.tiny_member("llama", name=name, seed=len(loads))
 
-    monkeypatch.setattr(methods, "_load_member_fn", lambda: fake_load)
+    monkeypatch.setattr(runtime.member, "load_member", fake_load)
     data = make_data(tmp_path / "data", n=12)
     cfg = parse_config({"tasks": [{"name": "gsm8k", "num_fewshot": 1}, {"name": "nq_open", "num_fewshot": 1}],
                         "limit": 2, "batch_size": 2, "generation": {"max_new_tokens": 6}, "bootstrap": 50,
@@ -57,7 +57,6 @@ def test_single_with_tiny_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.slow
 def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
-    registry = pytest.importorskip("runtime.registry")
     if not registry.is_ready("smollm2-135m"):
         pytest.skip("smollm2-135m not fetched (adafuse models fetch smollm2-135m)")
     from eval.data import resolve_data_dir
@@ -78,10 +77,8 @@ def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
 @pytest.mark.parametrize("method", ["adafuse", "token-union"])
 def test_ensemble_with_tiny_members(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
     """Ensemble methods through `adafuse.Ensemble` with members of different tokenizers (tiny models)."""
-    testing = pytest.importorskip("runtime.testing")
-    pytest.importorskip("adafuse.ensemble")
     toks = {"tiny-char": testing.char_tokenizer, "tiny-bpe": testing.bpe_tokenizer}
-    monkeypatch.setattr(methods, "_load_member_fn", lambda: lambda name, dtype="float32", **kw: testing.tiny_member(
+    monkeypatch.setattr(runtime.member, "load_member", lambda name, dtype="float32", **kw: testing.tiny_member(
         "llama" if name == "tiny-char" else "qwen2", toks[name](), name=name))
     data = make_data(tmp_path / "data", n=10)
     cfg = parse_config({"tasks": [{"name": "nq_open", "num_fewshot": 1}], "limit": 2, "bootstrap": 20,

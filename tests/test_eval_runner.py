@@ -178,12 +178,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, data: Path, capsys: pytest.Capt
     assert adafuse_main(["report", str(tmp_path / "o2")]) == 2
 
 
-def test_missing_ensemble_backend_is_clear(monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-
-    monkeypatch.setitem(sys.modules, "adafuse", types.ModuleType("adafuse"))  # an adafuse without Ensemble
-    with pytest.raises(methods.MissingBackendError, match="adafuse.Ensemble"):
-        methods.build_generator("adafuse", ["a", "b"])
+def test_single_takes_one_member() -> None:
     with pytest.raises(ConfigError, match="exactly one member"):
         methods.build_generator("single", ["a", "b"])
 
