@@ -30,11 +30,12 @@ from typing import Iterable, Iterator
 
 import torch
 
+from runtime.errors import ConfigError, TokenizerMismatchError
 from specdec.acceptance import expected_acceptance
 from specdec.bound import optimal_acceptance
+from specdec.drafts import SCHEMES
 from specdec.verifiers import METHOD_SCHEMES
 
-SCHEMES = ("with", "without", "greedy")
 DEFAULT_METHODS = ("rrs", "k-seq", "rrs-without", "spechub", "greedy")
 DATASETS = ("gsm8k", "nq_open", "wmt22")
 
@@ -73,8 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---- data --------------------------------------------------------------------------------------
 def data_dir(arg: str | None) -> Path:
     """--data_dir, else $ADAFUSE_DATA, else ../shared/data relative to the current directory."""
-    from runtime.errors import ConfigError
-
     path = Path(arg or os.environ.get("ADAFUSE_DATA") or "../shared/data")
     if not (path / "gsm8k").is_dir():
         raise ConfigError(f"no benchmark data at {path}: pass --data_dir DIR (or set ADAFUSE_DATA) to the folder holding gsm8k/, nq_open/, wmt22/")
@@ -165,8 +164,6 @@ def collect(args, prompts: list[tuple[str, str]], cache: Path) -> list[PromptLog
         del target
         draft = load_member(args.draft, dtype=args.dtype)
         if draft.vocab_size != vocab:
-            from runtime.errors import TokenizerMismatchError
-
             raise TokenizerMismatchError(f"draft vocab {draft.vocab_size} != target vocab {vocab}: they must share a tokenizer")
         for i in tqdm(missing, desc=f"draft {args.draft}", unit="prompt", file=sys.stderr):
             rec = partial[i]
@@ -310,8 +307,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def run(args) -> int:
-    from runtime.errors import ConfigError
-
+    """Collect (or load), measure and report; ConfigError on bad flags or a missing data folder."""
     methods = [m.strip().replace("_", "-") for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHOD_SCHEMES or m == "lp-optimal"]
     if unknown:
