@@ -9,3 +9,8 @@ from specdec.verifiers import METHODS, VerifyResult, output_law, residual, verif
 from specdec.drafters import (HybridDrafter, ModelDrafter, PromptLookupDrafter, default_shape, make_drafter,
                               parse_drafter_spec)
 from specdec.engine import SpeculativeGenerator
+
+__all__ = ["Acceptance", "expected_acceptance", "optimal_acceptance", "DEFAULT_SHAPE", "DEFAULT_STOP_BELOW",
+           "DecodeControl", "DraftLimit", "TreeShape", "SCHEMES", "sample_drafts", "DecodeResult", "RowResult",
+           "RowStats", "METHODS", "VerifyResult", "output_law", "residual", "verify", "HybridDrafter", "ModelDrafter",
+           "PromptLookupDrafter", "default_shape", "make_drafter", "parse_drafter_spec", "SpeculativeGenerator"]

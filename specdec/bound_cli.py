@@ -50,6 +50,7 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `adafuse bound` flags."""
     parser.add_argument("--target", default="qwen2.5-coder-1.5b", help="target model (registry name, folder or hub id)")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model sharing the target's tokenizer")
     parser.add_argument("--dtype", default="float32", help="model dtype for collection (float32 | bfloat16)")
@@ -192,6 +193,7 @@ def fake_pairs(num_prompts: int, positions: int, vocab: int, seed: int) -> list[
 
 
 def positions_of(prompts: Iterable[PromptLogits]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(target logits [V], draft logits [V]) at every cached position, prompt by prompt."""
     for rec in prompts:
         for j in range(rec.target_logits.shape[0]):
             yield rec.target_logits[j], rec.draft_logits[j]
@@ -199,6 +201,7 @@ def positions_of(prompts: Iterable[PromptLogits]) -> Iterator[tuple[torch.Tensor
 
 # ---- measurement -------------------------------------------------------------------------------
 def probs_at(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) in float64 (the distributions α* and the acceptances are measured on)."""
     return torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
 
 

@@ -88,11 +88,20 @@ class SpeculativeGenerator:
         """The model the drafter runs (None: no drafter, or a model-free one)."""
         return drafter_member(self.drafter)
 
+    @property
+    def stop_below(self) -> float:
+        """The cut the model drafter applies: its own `stop_below` where it has one, else the shape's."""
+        for d in (self.drafter, getattr(self.drafter, "model", None)):
+            own = getattr(d, "stop_below", None)
+            if own is not None:
+                return own
+        return self.shape.stop_below
+
     def __repr__(self) -> str:
         d = getattr(self.drafter, "name", None)
         s = self.shape
         return (f"SpeculativeGenerator(target={self.target.name!r}, drafter={d!r}, scheme={s.scheme!r}, "
-                f"n={s.num_drafts}, depth={s.depth}, stop_below={s.stop_below}, verifier={self.verifier!r})")
+                f"n={s.num_drafts}, depth={s.depth}, stop_below={self.stop_below}, verifier={self.verifier!r})")
 
     # ---- public API ------------------------------------------------------------------------
     @torch.no_grad()

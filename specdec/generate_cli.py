@@ -13,6 +13,7 @@ from specdec.drafts import SCHEMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The speculative flags of `adafuse generate`."""
     g = parser.add_argument_group("speculative decoding (with --model)")
     g.add_argument("--drafter", default=None,
                    help="draft model sharing the target's tokenizer (registry name, folder, hub id), 'lookup' "
@@ -48,6 +49,7 @@ def build(args: argparse.Namespace, target):
 
 
 def run(args: argparse.Namespace) -> int:
+    """Load --model, generate --prompt speculatively, print each text with its speculation figures."""
     from runtime.member import load_member
 
     target = load_member(args.model, dtype=args.dtype)

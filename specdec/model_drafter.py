@@ -203,6 +203,7 @@ class _Growth:
         self.open_node: list[dict[int, int]] = [{} for _ in range(B)]  # draft node -> node of the open tree
 
     def run(self, stop_below: float) -> list[DraftTree]:
+        """Grow every row to its depth (a node below `stop_below` is not expanded); the trees."""
         depth = max(self.row_depth)
         for level in range(depth):
             self.frontier = [self._expand_row(b, level) for b in range(len(self.trees))]

@@ -36,9 +36,11 @@ class DraftTree:
 
     @property
     def num_drafted(self) -> int:
+        """Drafted nodes (all but the root)."""
         return len(self.tokens) - 1
 
     def depths(self) -> list[int]:
+        """Depth of every node (root 0)."""
         return node_depths(self.parents)
 
     def children(self, node: int) -> dict[int, int]:

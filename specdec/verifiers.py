@@ -67,6 +67,7 @@ def residual(
 
 
 def normalize_method(method: str) -> str:
+    """A verifier name with underscores read as dashes ("rrs_without" -> "rrs-without")."""
     return method.replace("_", "-") if isinstance(method, str) else method
 
 
@@ -341,6 +342,7 @@ def verify(
     return VerifyResult(torch.tensor(tokens, dtype=torch.long).reshape(shape), torch.tensor(indices, dtype=torch.long).reshape(shape))
 
 
+# One row each: (p [V], q [V] float64, drafts, generator, scheme, params) -> the emitted token.
 def _verify_rrs(p, q, d, gen, scheme, params) -> int:
     p_cur, q_cur = p, q
     for x in d:

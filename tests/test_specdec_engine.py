@@ -291,6 +291,10 @@ def test_tree_shape_validation_keywords_and_reprs(pair):
     assert g.shape == TreeShape("without", 2, 3, None, DEFAULT_SHAPE.stop_below) and g.verifier == "rrs-without"
     with pytest.raises(ValueError, match="lossless only"):
         SpeculativeGenerator(target, None, scheme="with", verifier="greedy")
+    # a model drafter's own stop_below wins over the shape's; without one it follows the shape
+    assert g.stop_below == DEFAULT_SHAPE.stop_below
+    assert SpeculativeGenerator(target, ModelDrafter(other, stop_below=0.1), stop_below=0.3).stop_below == 0.1
+    assert SpeculativeGenerator(target, HybridDrafter(ModelDrafter(other)), stop_below=0.3).stop_below == 0.3
     assert repr(DecodeControl(rows=[0, 2])) == ("DecodeControl(stop=False, stop_at_eos=True, rows=2, draft_depth=False, "
                                                "commit_last=True, record_sources=False)")
     res = g.decode(target.start([target.encode_prompt(p) for p in PROMPTS[:2]]), 3)
