@@ -187,7 +187,10 @@ def _model_part(text: str, spec: str) -> tuple[str, str]:
         kind = "-int8"
     if os.path.exists(text):
         return kind, text
-    if text in ("", "none", "lookup") or text.startswith("hybrid:") or ":" in text or "@" in text:
+    if ":" in text and not text.startswith("hybrid:"):
+        raise ConfigError(f"drafter {spec!r}: '{text.split(':', 1)[0]}:' is no drafter kind (the one kind with "
+                          f"a ':' is 'hybrid:NAME'); use {_GRAMMAR}")
+    if text in ("", "none", "lookup") or ":" in text or "@" in text:
         raise ConfigError(f"drafter {spec!r} names no model: use {_GRAMMAR}")
     return kind, text
 
