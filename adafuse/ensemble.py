@@ -51,8 +51,8 @@ class EnsembleConfig:
 def build_speculator(target, drafter: Any, dtype: str) -> Any:
     """A `specdec.SpeculativeGenerator` for `target` with `drafter`: "lookup" (prompt lookup), a
     model name / Member sharing the target's tokenizer, or a ready drafter object."""
-    drafter = dr.make_drafter(drafter, dtype, load=lambda name: load(name, dtype=dtype))
-    return SpeculativeGenerator(target, drafter=drafter, **dr.default_shape(drafter))
+    drafter = dr.make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **kw))
+    return SpeculativeGenerator(target, drafter, dr.default_shape(drafter))
 
 
 class Ensemble:

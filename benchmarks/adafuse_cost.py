@@ -112,7 +112,7 @@ def cost_main(args) -> None:
     import torch
 
     from adafuse.ensemble import Ensemble
-    from runtime.member import load_member
+    from runtime.loader import load as load_member
     from runtime.prefix_cache import PrefixCache
 
     torch.set_num_threads(args.threads)
@@ -200,7 +200,7 @@ def normalisation_main(args) -> None:
     import torch
 
     from adafuse.gate import top2_margin
-    from runtime.member import load_member
+    from runtime.loader import load as load_member
     from adafuse.methods.word_level import Candidate, WordConfig, WordFusion
     from adafuse.scoring import CALIBRATIONS, NORMALISATIONS, fuse_scores, normalised_score
     from adafuse.words import split_words

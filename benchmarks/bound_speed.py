@@ -15,10 +15,8 @@ import time
 
 import torch
 
-from specdec import optimal_acceptance
+from specdec import SCHEMES, optimal_acceptance
 from specdec.lp import lp_optimal_acceptance
-
-SCHEMES = ("with", "without", "greedy")
 
 
 def llm_like_pair(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,7 +60,7 @@ def concurrent(members, prompt_ids, tokens: int, workers: int) -> float:
 def main() -> None:
     import torch
 
-    from runtime.member import load_member
+    from runtime.loader import load as load_member
     from adafuse_cost import DEFAULT_MEMBERS, gsm8k_prompts
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -16,7 +16,7 @@ import time
 import psutil
 import torch
 
-from runtime.member import load_member
+from runtime.loader import load as load_member
 
 QUESTION = ("Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
             "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 "

@@ -27,7 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def main() -> None:
     import torch
 
-    from runtime.member import load_member
+    from runtime.loader import load as load_member
     from adafuse_cost import gsm8k_prompts
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=None, help="write per-prompt rows and the summary as JSON")
     args = ap.parse_args(argv)
 
-    from runtime.member import load_member
+    from runtime.loader import load as load_member
 
     if args.threads:
         torch.set_num_threads(args.threads)

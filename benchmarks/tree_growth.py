@@ -63,7 +63,7 @@ def grow(state, rows_tokens, steps: int, branches: int, drafts: int, ends_only: 
 def main() -> None:
     import torch
 
-    from runtime.member import load_member
+    from runtime.loader import load as load_member
     from adafuse_cost import gsm8k_prompts
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -64,9 +64,9 @@ def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any])
     """`specdec.SpeculativeGenerator(target, drafter, **options)` (scheme, num_drafts, depth, ...);
     the drafter spec ("lookup", "hybrid:NAME", "NAME@int8", a model name) is read by `make_drafter`,
     its models come from the same loader."""
-    made = make_drafter(drafter, dtype, load=lambda name: load(name, dtype=dtype))
+    made = make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **kw))
     try:
-        return SpeculativeGenerator(target, made, **{**default_shape(made), **options})
+        return SpeculativeGenerator(target, made, default_shape(made), **options)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"speculative options {sorted(options)} rejected by specdec.SpeculativeGenerator: {exc}") from None
 

@@ -34,7 +34,7 @@ from runtime.member import Member, resolve_dtype
 
 _KINDS = "a registry name (see: adafuse models list), a local save_pretrained folder, a hub id, a (model, tokenizer) pair or a Member"
 
-CacheKey = tuple[str, torch.dtype, str]
+CacheKey = tuple  # (spec, dtype, device) [+ ("unpacked",)]
 
 
 class MemberLoader:
@@ -51,9 +51,10 @@ class MemberLoader:
     def __len__(self) -> int:
         return len(self._members)
 
-    def member(self, spec: Any, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
-               ) -> Member:
-        """The `Member` for `spec` (see the module docstring)."""
+    def member(self, spec: Any, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
+               pack_weights: bool = True) -> Member:
+        """The `Member` for `spec` (see the module docstring); `pack_weights=False` gives a copy with
+        plain `nn.Linear` weights (what int8 quantisation starts from), cached apart."""
         if isinstance(spec, Member):
             return spec
         if isinstance(spec, (tuple, list)) and len(spec) == 2 and not any(isinstance(x, (str, os.PathLike)) for x in spec):
@@ -66,9 +67,9 @@ class MemberLoader:
             raise ConfigError(f"member {spec!r} is empty: give {_KINDS}")
         torch_dtype = self.dtype if dtype is None else resolve_dtype(dtype)
         where = self.device if device is None else _device(device)
-        key = (_spec_key(spec), torch_dtype, where)
+        key = (_spec_key(spec), torch_dtype, where) + (() if pack_weights else ("unpacked",))
         if key not in self._members:
-            self._members[key] = _load(spec, torch_dtype, where)
+            self._members[key] = _load(spec, torch_dtype, where, pack_weights)
         return self._members[key]
 
     def members(self, specs: Sequence[Any]) -> list[Member]:
@@ -95,17 +96,20 @@ def default_loader() -> MemberLoader:
     return _default
 
 
-def load(spec: Any, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> Member:
-    """`default_loader().member(spec, dtype, device)`: one cached `Member` per (spec, dtype, device)."""
-    return default_loader().member(spec, dtype=dtype, device=device)
+def load(spec: Any, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+         pack_weights: bool = True) -> Member:
+    """`default_loader().member(spec, dtype, device, pack_weights)`: one cached `Member` per (spec,
+    dtype, device, packing)."""
+    return default_loader().member(spec, dtype=dtype, device=device, pack_weights=pack_weights)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _load(spec: str, dtype: torch.dtype, device: str) -> Member:
+def _load(spec: str, dtype: torch.dtype, device: str, pack_weights: bool = True) -> Member:
     from runtime import member as member_module  # looked up per call, so tests can replace load_member
 
     try:
-        return member_module.load_member(spec, dtype=dtype, device=device)
+        kw = {} if pack_weights else {"pack_weights": False}
+        return member_module.load_member(spec, dtype=dtype, device=device, **kw)
     except UnknownModelError as exc:
         raise ConfigError(str(exc)) from None
     except OSError as exc:

@@ -24,6 +24,7 @@ import torch
 
 from specdec.bound import optimal_acceptance
 from specdec.drafts import check_n, check_pair, to_float64
+from specdec.lp import draft_law
 from specdec.verifiers import _kseq_parts, check_method, normalize_method, output_law, residual, spechub_parts
 
 
@@ -79,13 +80,12 @@ def expected_acceptance(
     return _rrs_without_mc(p, q, n, num_samples, generator)
 
 
-def _exact_by_enumeration(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str, method: str, **params) -> float:
-    from specdec.lp import draft_law
-
+def _exact_by_enumeration(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str, method: str) -> float:
+    """Σ over every draft tuple of P(tuple) · P(y ∈ tuple | tuple) (exact; small supports only)."""
     tuples, probs = draft_law(q, n, scheme)
     total = 0.0
     for tup, pr in zip(tuples.tolist(), probs.tolist()):
-        law = output_law(p, q, tup, method, scheme=scheme, **params)
+        law = output_law(p, q, tup, method, scheme=scheme)
         total += pr * float(law[list(set(tup))].sum())
     return total
 
@@ -159,6 +159,5 @@ def _rrs_without_mc(p: torch.Tensor, q: torch.Tensor, n: int, num_samples: int, 
         reject = reject * (1.0 - a)
         lam = lam + lam_step
         used = used + q[x]
-    values = [1.0 - reject]
-    vals = torch.cat(values)
+    vals = 1.0 - reject
     return Acceptance(float(vals.mean()), float(vals.std(unbiased=True) / math.sqrt(vals.numel())), exact=False)

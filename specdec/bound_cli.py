@@ -30,11 +30,12 @@ from typing import Iterable, Iterator
 
 import torch
 
+from runtime.errors import ConfigError, TokenizerMismatchError
 from specdec.acceptance import expected_acceptance
 from specdec.bound import optimal_acceptance
+from specdec.drafts import SCHEMES
 from specdec.verifiers import METHOD_SCHEMES
 
-SCHEMES = ("with", "without", "greedy")
 DEFAULT_METHODS = ("rrs", "k-seq", "rrs-without", "spechub", "greedy")
 DATASETS = ("gsm8k", "nq_open", "wmt22")
 
@@ -49,6 +50,7 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `adafuse bound` flags."""
     parser.add_argument("--target", default="qwen2.5-coder-1.5b", help="target model (registry name, folder or hub id)")
     parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model sharing the target's tokenizer")
     parser.add_argument("--dtype", default="float32", help="model dtype for collection (float32 | bfloat16)")
@@ -73,8 +75,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # ---- data --------------------------------------------------------------------------------------
 def data_dir(arg: str | None) -> Path:
     """--data_dir, else $ADAFUSE_DATA, else ../shared/data relative to the current directory."""
-    from runtime.errors import ConfigError
-
     path = Path(arg or os.environ.get("ADAFUSE_DATA") or "../shared/data")
     if not (path / "gsm8k").is_dir():
         raise ConfigError(f"no benchmark data at {path}: pass --data_dir DIR (or set ADAFUSE_DATA) to the folder holding gsm8k/, nq_open/, wmt22/")
@@ -143,7 +143,7 @@ def collect(args, prompts: list[tuple[str, str]], cache: Path) -> list[PromptLog
     paths = [cache / f"{_cache_key(args, d, t)}.pt" for d, t in prompts]
     missing = [i for i, p in enumerate(paths) if not p.exists()]
     if missing:
-        from runtime.member import load_member
+        from runtime.loader import load as load_member
 
         partial: dict[int, dict] = {}
         target = load_member(args.target, dtype=args.dtype)
@@ -165,8 +165,6 @@ def collect(args, prompts: list[tuple[str, str]], cache: Path) -> list[PromptLog
         del target
         draft = load_member(args.draft, dtype=args.dtype)
         if draft.vocab_size != vocab:
-            from runtime.errors import TokenizerMismatchError
-
             raise TokenizerMismatchError(f"draft vocab {draft.vocab_size} != target vocab {vocab}: they must share a tokenizer")
         for i in tqdm(missing, desc=f"draft {args.draft}", unit="prompt", file=sys.stderr):
             rec = partial[i]
@@ -195,6 +193,7 @@ def fake_pairs(num_prompts: int, positions: int, vocab: int, seed: int) -> list[
 
 
 def positions_of(prompts: Iterable[PromptLogits]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(target logits [V], draft logits [V]) at every cached position, prompt by prompt."""
     for rec in prompts:
         for j in range(rec.target_logits.shape[0]):
             yield rec.target_logits[j], rec.draft_logits[j]
@@ -202,6 +201,7 @@ def positions_of(prompts: Iterable[PromptLogits]) -> Iterator[tuple[torch.Tensor
 
 # ---- measurement -------------------------------------------------------------------------------
 def probs_at(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) in float64 (the distributions α* and the acceptances are measured on)."""
     return torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
 
 
@@ -310,8 +310,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def run(args) -> int:
-    from runtime.errors import ConfigError
-
+    """Collect (or load), measure and report; ConfigError on bad flags or a missing data folder."""
     methods = [m.strip().replace("_", "-") for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHOD_SCHEMES or m == "lp-optimal"]
     if unknown:

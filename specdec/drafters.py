@@ -1,305 +1,38 @@
 """Drafters: propose a `DraftTree` per row on top of the target's current ids.
 
-- `ModelDrafter(member)`: a small LM with the target's tokenizer. Expands the tree level by level,
-  one drafter forward per depth (all frontier nodes of all rows in one `forward_tree`), n children
-  per expanded node drawn by the scheme from that node's warped q. At temperature 0 it takes the
-  top-n tokens of the drafter's logits (any drafts are lossless there). With `node_budget` only the
-  most probable frontier nodes are expanded.
+- `ModelDrafter(member)` (`specdec.model_drafter`): a small LM with the target's tokenizer.
 - `PromptLookupDrafter`: model-free. Suffix n-grams of prompt+output matched earlier in the same
   text give up to n distinct continuations, merged into a deterministic trie.
-- `HybridDrafter(lookup, model)`: lookup where it finds a long enough continuation, the model
+- `HybridDrafter(model, lookup)`: lookup where it finds a long enough continuation, the model
   elsewhere (a lookup-only step costs no drafter forward).
 
-Contexts passed to `draft` are the full token ids of each row (committed + a pending token), or
-None for rows that are finished.
+`make_drafter(spec, load)` builds one from a spec (the grammar of CLI flags and configs, parsed by
+`parse_drafter_spec` alone); `default_shape(drafter)` is the tree shape to run it with.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import os
+from typing import Any, Callable, NamedTuple, Sequence
 
-import torch
-
-from runtime.text_state import common_prefix_len
-from runtime.errors import TokenizerMismatchError
-from runtime.kv_state import KVState
+from runtime.errors import ConfigError
+from runtime.loader import load as load_model
 from runtime.member import Member
-from runtime.sampling import logits_to_probs
-from specdec.tree import DraftTree, add_children, tree_from_sequences
+from runtime.sampling import SamplingParams
+from specdec.config import DEFAULT_SHAPE, DEFAULT_STOP_BELOW, DraftLimit, TreeShape
+from specdec.drafter_base import Drafter, drafter_member, kept_prefix, resolve_limit
+from specdec.model_drafter import ModelDrafter, check_same_tokenizer, quantize_int8
+from specdec.tree import DraftTree, tree_from_sequences
 
-
-class Drafter:
-    """Base class. Subclasses implement `draft`."""
-
-    name = "drafter"
-
-    def bind(self, target: Member) -> None:
-        """Called once by the engine with the target; raise if the pair cannot work."""
-
-    def reset(self) -> None:
-        """Forget any cached state (a new batch starts)."""
-
-    def draft(self, contexts: Sequence[Sequence[int] | None], *, scheme: str, num_drafts: int,
-              depth: int | Sequence[int],
-              node_budget: int | None, temperature: float, top_k: int, top_p: float,
-              generators: list[torch.Generator | None], limit: Sequence[int] | None = None) -> list[DraftTree]:
-        """One tree per row. `depth`: the engine's tree depth per row; `limit`: the most tokens a row
-        may still draft (a drafter with its own depth, like prompt lookup, stays within it)."""
-        raise NotImplementedError
-
-    def draft_continuations(self, contexts: Sequence[Sequence[int] | None], branches: Sequence[Sequence[Sequence[int]]],
-                            depth: Sequence[Sequence[int]], keep: Callable[[int, int, list[int]], bool]
-                            ) -> list[list[list[int]]]:
-        """Greedy drafts of given branches (e.g. an ensemble member's candidate words in the making):
-        per row b and branch i, up to `depth[b][i]` tokens the drafter expects after
-        `contexts[b] + branches[b][i]`, each kept only while `keep(b, i, drafted so far)` holds (the
-        caller's stop rule, e.g. a word boundary). Drafts only: the target verifies them. Rows with a
-        None context get none. Default: no drafts."""
-        return [[[] for _ in row] for row in branches]
-
-
-def drafter_member(drafter: Drafter | None) -> Member | None:
-    """The model a drafter runs (its forwards are part of a run's cost), or None (model-free)."""
-    model = getattr(drafter, "model", None)
-    return getattr(drafter, "member", None) or getattr(model, "member", None)
-
-
-def kept_prefix(tokens: Sequence[int], keep: Callable[[list[int]], bool]) -> list[int]:
-    """The longest prefix of `tokens` every prefix of which (non-empty) satisfies `keep`."""
-    out: list[int] = []
-    for tok in tokens:
-        if not keep(out + [int(tok)]):
-            break
-        out.append(int(tok))
-    return out
-
-
-def per_row(depth: int | Sequence[int], batch_size: int) -> list[int]:
-    """A depth per row (the engine caps each row's depth by the tokens it may still emit)."""
-    return [int(depth)] * batch_size if isinstance(depth, int) else [int(d) for d in depth]
-
-
-def check_same_tokenizer(target: Member, drafter: Member) -> None:
-    """Raise TokenizerMismatchError unless both members map the same strings to the same ids."""
-    tv, dv = target.tokenizer.get_vocab(), drafter.tokenizer.get_vocab()
-    if tv != dv:
-        raise TokenizerMismatchError(
-            f"drafter '{drafter.name}' and target '{target.name}' use different tokenizers "
-            f"({len(dv)} vs {len(tv)} tokens); use a drafter from the target's family "
-            f"(e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b) or the model-free --drafter lookup")
-
-
-class ModelDrafter(Drafter):
-    """A small model sharing the target's tokenizer; keeps its own KV state in sync with the target.
-
-    `stop_below`: a node whose drafter distribution has top probability below this is not expanded
-    further (dynamic draft length, like transformers' `assistant_confidence_threshold`): deep trees
-    where the drafter is sure, no drafter forwards past the point where it is guessing. The tree
-    shape depends only on the drafter, so verification stays lossless."""
-
-    def __init__(self, member: Member, stop_below: float = 0.0):
-        if not 0.0 <= stop_below < 1.0:
-            raise ValueError(f"stop_below must be in [0, 1), got {stop_below}")
-        self.member = member
-        self.stop_below = float(stop_below)
-        self.name = member.name
-        self.state: KVState | None = None
-        self.target_vocab: int | None = None
-
-    def bind(self, target: Member) -> None:
-        check_same_tokenizer(target, self.member)
-        self.target_vocab = target.vocab_size
-
-    def reset(self) -> None:
-        self.state = None
-
-    # ---- state sync ------------------------------------------------------------------------
-    def sync(self, contexts: Sequence[Sequence[int] | None]) -> list[bool]:
-        """Bring the drafter's rows to `contexts` (longest common prefix, then append the rest).
-        Returns which rows are active."""
-        active = [c is not None and len(c) > 0 for c in contexts]
-        B = len(contexts)
-        if self.state is None or self.state.batch_size != B or any(
-                a and common_prefix_len(self.state.ids[b], contexts[b]) == 0 for b, a in enumerate(active)):
-            self.state = self.member.start([list(c) if c else [0] for c in contexts])
-            return active
-        st = self.state
-        keep, feed = [], []
-        for b in range(B):
-            if not active[b]:
-                keep.append(len(st.ids[b]))
-                feed.append([])
-                continue
-            ctx = contexts[b]
-            lcp = common_prefix_len(st.ids[b], ctx)
-            if lcp == len(ctx) and lcp < len(st.ids[b]):
-                lcp -= 1  # re-feed the last token so its logits are fresh (no separate refresh forward)
-            keep.append(max(lcp, 1))
-            feed.append(list(ctx[max(lcp, 1):]))
-        st.rollback(keep)
-        if any(feed):
-            st.append(feed, return_logits=False)
-        return active
-
-    @torch.no_grad()
-    def draft_continuations(self, contexts, branches, depth, keep):
-        """Greedy chains, one per branch: the branches of all rows go into one tree forward below the
-        synced contexts, then each level extends every live chain by its argmax token in one more
-        forward (`forward_tree(extend=True)`), so `max(depth)` drafter forwards at most."""
-        B = len(contexts)
-        out: list[list[list[int]]] = [[[] for _ in row] for row in branches]
-        live = [(b, i) for b in range(B) for i, br in enumerate(branches[b])
-                if contexts[b] is not None and br and depth[b][i] > 0]
-        if not live:
-            return out
-        rows = {b for b, _ in live}
-        self.sync([contexts[b] if b in rows else None for b in range(B)])
-        st = self.state
-        tokens: list[list[int]] = [[] for _ in range(B)]
-        parents: list[list[int]] = [[] for _ in range(B)]
-        end: dict[tuple[int, int], int] = {}
-        for b, i in live:  # each branch its own chain (a row's branches start with distinct tokens)
-            for j, tok in enumerate(branches[b][i]):
-                parents[b].append(len(tokens[b]) - 1 if j else -1)
-                tokens[b].append(int(tok))
-            end[(b, i)] = len(tokens[b]) - 1
-        count = [len(t) for t in tokens]  # per row, nodes fed so far (tree-wide numbering)
-        extend = False
-        V = self.target_vocab
-        while live:
-            at = [[end[k] for k in live if k[0] == b] for b in range(B)]
-            logits = st.forward_tree(tokens, parents, logits_at=at, extend=extend)
-            extend = True
-            nxt = {k: int(logits[k[0], at[k[0]].index(end[k]), :V].argmax()) for k in live}
-            tokens, parents = [[] for _ in range(B)], [[] for _ in range(B)]
-            still = []
-            for b, i in live:
-                draft = out[b][i] + [nxt[(b, i)]]
-                if not keep(b, i, draft):
-                    continue
-                out[b][i] = draft
-                if len(draft) < depth[b][i]:
-                    parents[b].append(end[(b, i)])
-                    tokens[b].append(draft[-1])
-                    end[(b, i)] = count[b]
-                    count[b] += 1
-                    still.append((b, i))
-            live = still
-        return out
-
-    def _probs(self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-        """[..., V_target] draft distribution: the drafter's logits warped like the target's
-        (temperature 0: the plain softmax, used only to rank drafts)."""
-        V = self.target_vocab or logits.shape[-1]
-        if logits.shape[-1] > V:
-            logits = logits[..., :V]
-        elif logits.shape[-1] < V:
-            pad = torch.full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"), device=logits.device)
-            logits = torch.cat([logits.float(), pad], dim=-1)
-        if temperature == 0:
-            return torch.softmax(logits.float(), dim=-1)
-        return logits_to_probs(logits, temperature, top_k, top_p)
-
-    def _expand(self, tree: DraftTree, node: int, q: torch.Tensor, scheme: str, n: int, temperature: float,
-                generator) -> None:
-        from specdec.drafts import sample_drafts
-
-        if temperature == 0:
-            top = torch.topk(q, n)
-            add_children(tree, node, top.indices.tolist(), None, top.values.tolist())
-            tree.draft_probs[node] = None  # deterministic drafts: verified by matching argmax p
-            return
-        support = int((q > 0).sum())
-        n_eff = min(n, support) if scheme in ("without", "greedy") else n
-        drafts = sample_drafts(q, n_eff, scheme, generator).tolist()
-        add_children(tree, node, drafts, q, [float(q[t]) for t in drafts])
-
-    @torch.no_grad()
-    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators,
-              limit=None):
-        B = len(contexts)
-        row_depth = per_row(depth, B)
-        depth = max(row_depth, default=0)
-        active = self.sync(contexts)
-        trees = [DraftTree() for _ in range(B)]
-        if depth < 1 or not any(active):
-            return trees
-        gens = generators or [None] * B
-        st = self.state
-        st._refresh()  # rows shortened to an exact prefix re-feed their last token
-        root_q = self._probs(st.last_logits, temperature, top_k, top_p)
-        frontier = [[0] if active[b] else [] for b in range(B)]
-        node_q = [{0: root_q[b]} for b in range(B)]
-        budget_left = [node_budget if node_budget else 10 ** 9 for _ in range(B)]
-        chain = True
-        committed: list[set[int]] = [set() for _ in range(B)]
-        fwd_index: list[dict[int, int]] = [{} for _ in range(B)]
-        open_node: list[dict[int, int]] = [{} for _ in range(B)]  # draft node -> node of the state's open tree
-        for level in range(depth):
-            new_frontier: list[list[int]] = [[] for _ in range(B)]
-            for b in range(B):
-                cands = frontier[b] if level < row_depth[b] else []
-                if node_budget:
-                    cands = sorted(cands, key=lambda i: -trees[b].path_prob[i])
-                levels_left = max(row_depth[b] - level, 1)
-                allow = budget_left[b] if not node_budget else max(num_drafts, budget_left[b] // levels_left)
-                for node in cands:
-                    if allow <= 0 or budget_left[b] <= 0:
-                        break
-                    n = min(num_drafts, budget_left[b]) if node_budget else num_drafts
-                    before = len(trees[b])
-                    self._expand(trees[b], node, node_q[b][node], scheme, n, temperature, gens[b])
-                    added = len(trees[b]) - before
-                    budget_left[b] -= added
-                    allow -= added
-                    new_frontier[b].extend(range(before, len(trees[b])))
-            frontier = new_frontier
-            if level == depth - 1 or not any(frontier):
-                break
-            # one drafter forward gives q at the new frontier of every row. While each row's tree is
-            # a chain, its nodes are committed (append: one token per row per forward; the next
-            # sync rolls rejected ones back); once a row branches, the uncommitted nodes go into a
-            # tree hanging below the committed chain, open in the drafter's state, which each later
-            # level extends by its new nodes only (`forward_tree(extend=True)`).
-            if chain and all(len(f) <= 1 for f in frontier):
-                logits = st.append([[trees[b].tokens[f[0]]] if f else [] for b, f in enumerate(frontier)])
-                for b, f in enumerate(frontier):
-                    if f:
-                        fwd_index[b] = {f[0]: 0}
-                        committed[b].add(f[0])
-            else:
-                extend, chain = not chain, False
-                toks, pars, new = [], [], []
-                for b, t in enumerate(trees):
-                    tk, pr = [], []
-                    fresh = [i for i in range(1, len(t)) if i not in committed[b] and i not in open_node[b]]
-                    for i in fresh:
-                        open_node[b][i] = len(open_node[b])
-                        tk.append(t.tokens[i])
-                        pr.append(open_node[b].get(t.parents[i], -1))  # parent committed (chain tip) -> -1
-                    toks.append(tk)
-                    pars.append(pr)
-                    new.append(fresh)
-                # LM head only at the frontier (rows without one ask for a new node or nothing)
-                at = [[open_node[b][node] for node in frontier[b]] or ([open_node[b][new[b][0]]] if new[b] else [])
-                      for b in range(B)]
-                logits = st.forward_tree(toks, pars, logits_at=at, extend=extend)
-                for b in range(B):
-                    fwd_index[b] = {node: k for k, node in enumerate(frontier[b])}
-            rows = [b for b in range(B) for _ in frontier[b]]
-            cols = [fwd_index[b][node] for b in range(B) for node in frontier[b]]
-            qs = self._probs(logits[rows, cols], temperature, top_k, top_p)  # one warp for all rows
-            for j, (b, node) in enumerate(zip(rows, (n for b in range(B) for n in frontier[b]))):
-                node_q[b][node] = qs[j]
-            if self.stop_below > 0:
-                sure = iter((qs.max(dim=-1).values >= self.stop_below).tolist())  # same order as `rows`
-                frontier = [[node for node in f if next(sure)] for f in frontier]
-        return trees
+__all__ = ["Drafter", "ModelDrafter", "PromptLookupDrafter", "HybridDrafter", "DrafterSpec", "parse_drafter_spec",
+           "make_drafter", "default_shape", "drafter_member", "check_same_tokenizer", "quantize_int8",
+           "DEFAULT_SHAPE", "DEFAULT_STOP_BELOW"]
 
 
 class PromptLookupDrafter(Drafter):
     """Model-free drafts: continuations of earlier occurrences of the context's last n-gram
     (n from `ngram_max` down to `ngram_min`), most recent first, up to `num_drafts` distinct ones of
-    up to `depth` tokens (both default to the engine's values)."""
+    up to `depth` tokens, at least `min_length` long (`num_drafts`, `depth`: None follows the
+    engine's shape and limits; a `depth` of its own is still kept within each row's room)."""
 
     name = "lookup"
 
@@ -310,7 +43,13 @@ class PromptLookupDrafter(Drafter):
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.num_drafts, self.depth, self.min_length = num_drafts, depth, min_length
 
+    def __repr__(self) -> str:
+        return (f"PromptLookupDrafter(ngram={self.ngram_min}..{self.ngram_max}, num_drafts={self.num_drafts}, "
+                f"depth={self.depth}, min_length={self.min_length})")
+
     def continuations(self, ctx: Sequence[int], num_drafts: int, depth: int) -> list[list[int]]:
+        """Up to `num_drafts` distinct continuations (none a prefix of an earlier one) of at most
+        `depth` tokens that followed earlier occurrences of `ctx`'s last n-gram."""
         ctx = list(ctx)
         L = len(ctx)
         out: list[list[int]] = []
@@ -333,12 +72,12 @@ class PromptLookupDrafter(Drafter):
                     return out
         return out
 
-    def draft(self, contexts, *, scheme, num_drafts, depth, node_budget, temperature, top_k, top_p, generators,
-              limit=None):
-        n = self.num_drafts or num_drafts
-        depths = per_row(depth, len(contexts))
-        limits = per_row(limit, len(contexts)) if limit is not None else depths
-        ks = [min(self.depth, lim) if self.depth else d for d, lim in zip(depths, limits)]
+    def draft(self, contexts, shape: TreeShape, sampling: SamplingParams, generators=None,
+              limit: DraftLimit | None = None) -> list[DraftTree]:
+        """A trie of the lookup continuations per row (deterministic: no randomness used)."""
+        n = self.num_drafts or shape.num_drafts
+        lim = resolve_limit(limit, shape, len(contexts))
+        ks = [min(self.depth, room) if self.depth else d for d, room in zip(lim.depth, lim.room)]
         return [tree_from_sequences(self.continuations(c, n, k)) if c and k > 0 else DraftTree()
                 for c, k in zip(contexts, ks)]
 
@@ -365,18 +104,24 @@ class HybridDrafter(Drafter):
         self.min_match = min_match
         self.name = f"hybrid({self.model.name}+lookup)"
 
+    def __repr__(self) -> str:
+        return f"HybridDrafter({self.model!r}, {self.lookup!r}, min_match={self.min_match})"
+
     def bind(self, target):
         self.model.bind(target)
 
     def reset(self):
         self.model.reset()
 
-    def draft(self, contexts, **kw):
-        look = self.lookup.draft(contexts, **kw)
+    def draft(self, contexts, shape: TreeShape, sampling: SamplingParams, generators=None,
+              limit: DraftLimit | None = None) -> list[DraftTree]:
+        """Lookup trees where they reach `min_match` tokens; the model's trees for the other rows."""
+        look = self.lookup.draft(contexts, shape, sampling, generators, limit)
         use_model = [c is not None and max(t.depths()) < self.min_match for c, t in zip(contexts, look)]
         if not any(use_model):
             return look
-        model_trees = self.model.draft([c if u else None for c, u in zip(contexts, use_model)], **kw)
+        model_trees = self.model.draft([c if u else None for c, u in zip(contexts, use_model)], shape, sampling,
+                                       generators, limit)
         return [m if u else t for m, t, u in zip(model_trees, look, use_model)]
 
     def draft_continuations(self, contexts, branches, depth, keep):
@@ -390,63 +135,97 @@ class HybridDrafter(Drafter):
         return [[m if k else d for d, m, k in zip(lr, mr, ks)] for lr, mr, ks in zip(look, model, rest)]
 
 
-def quantize_int8(member: Member) -> Member:
-    """A copy of `member` whose decoder Linear layers are dynamically quantized to int8 (CPU, fbgemm);
-    embeddings and the LM head stay as they are. For drafters only: a cheaper q never changes what
-    the target outputs (verification is lossless for any q), it only changes acceptance."""
-    import copy
-    import warnings
+# ---- specs -------------------------------------------------------------------------------------
+class DrafterSpec(NamedTuple):
+    """A parsed drafter spec: `kind` and the model it loads (None for kinds that load none).
 
-    from runtime.packed_linear import is_packed
+    kind: "none" | "lookup" | "model" | "model-int8" | "hybrid" | "hybrid-int8" (the spec was a
+    string), "member" (a `Member`) or "drafter" (a ready `Drafter`)."""
 
-    if is_packed(member.model):
-        raise ValueError(f"int8 drafter: {member.name} has packed weights; load it with pack_weights=False")
-    model = copy.deepcopy(member.model)
-    inner = getattr(model, "model", None)
-    if inner is None:
-        raise ValueError("int8 drafter: expected a *ForCausalLM with a .model decoder")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.model = torch.ao.quantization.quantize_dynamic(inner, {torch.nn.Linear}, dtype=torch.qint8)
-    return Member(model, member.tokenizer, name=f"{member.name}-int8", use_chat_template=member.use_chat_template)
+    kind: str
+    model: str | None
 
 
-# Measured on the Qwen 1.5B/0.5B pair on a 2-core AVX2 CPU (benchmarks/specdec_speed.py, docs/results/specdec/):
-# with packed weights a target forward over 9 tokens costs ~1.4x a one-token forward while every 0.5B drafter
-# forward costs ~0.3x one, so one chain beats wider trees: up to 8 tokens, cut where the drafter's top
-# probability is below 0.4. Prompt lookup: one gated continuation (a >= 2-gram match, >= 2 tokens) of up to 8.
-DEFAULT_STOP_BELOW = 0.4
-DEFAULT_SHAPE = dict(scheme="greedy", num_drafts=1, depth=8)  # the same measured winner for both kinds
+_GRAMMAR = ("'none', 'lookup', a model (registry name, folder or hub id), 'NAME@int8' (its decoder "
+            "layers quantized to int8) or 'hybrid:NAME' / 'hybrid:NAME@int8' (lookup, else the model)")
 
 
-def default_shape(drafter: Drafter | None = None) -> dict:
-    """The measured default tree shape (scheme, num_drafts, depth); today one shape for every drafter."""
-    return dict(DEFAULT_SHAPE)
-
-
-def make_drafter(spec, dtype: str = "float32", stop_below: float = DEFAULT_STOP_BELOW,
-                 load: Callable[[str], Member] | None = None) -> Drafter | None:
-    """A drafter from a spec: None/'none' -> None; 'lookup' -> gated prompt lookup; 'hybrid:NAME' ->
-    lookup, else the model; a registry name / folder / hub id or a `Member` -> a model drafter; a
-    trailing '@int8' on a name quantizes the drafter's decoder layers to int8 (CPU); a `Drafter` is
-    returned as is. `load(name)` loads members (default `runtime.member.load_member`)."""
+def parse_drafter_spec(spec: Any) -> DrafterSpec:
+    """The one reader of the drafter grammar: None / '' / 'none' -> ("none", None); 'lookup' ->
+    ("lookup", None); 'hybrid:NAME' -> ("hybrid", NAME); 'NAME@int8' -> ("model-int8", NAME);
+    'hybrid:NAME@int8' -> ("hybrid-int8", NAME); a model name, folder or hub id -> ("model", NAME);
+    a `Member` -> ("member", None); a `Drafter` -> ("drafter", None). ConfigError otherwise."""
     if isinstance(spec, Drafter):
-        return spec
+        return DrafterSpec("drafter", None)
     if isinstance(spec, Member):
-        return ModelDrafter(spec, stop_below=stop_below)
-    if not spec or spec == "none":
+        return DrafterSpec("member", None)
+    if spec is None:
+        return DrafterSpec("none", None)
+    if not isinstance(spec, str):
+        raise ConfigError(f"drafter {spec!r} is invalid: use {_GRAMMAR}, a Member or a Drafter")
+    text = spec.strip()
+    if text in ("", "none"):
+        return DrafterSpec("none", None)
+    if text == "lookup":
+        return DrafterSpec("lookup", None)
+    if os.path.exists(text):  # a model folder, whatever characters its path holds
+        return DrafterSpec("model", text)
+    hybrid = text.startswith("hybrid:")
+    kind, name = _model_part(text[len("hybrid:"):] if hybrid else text, spec)
+    return DrafterSpec(f"hybrid{kind}" if hybrid else f"model{kind}", name)
+
+
+def _model_part(text: str, spec: str) -> tuple[str, str]:
+    """('' or '-int8', model name) of a spec's model part; ConfigError where it names no model."""
+    kind = ""
+    if os.path.exists(text):
+        return kind, text
+    if "@" in text:
+        text, suffix = text.rsplit("@", 1)
+        if suffix != "int8":
+            raise ConfigError(f"drafter {spec!r}: unknown suffix '@{suffix}'; the only one is '@int8' "
+                              f"(an int8-quantized model drafter), e.g. 'qwen2.5-coder-0.5b@int8'")
+        kind = "-int8"
+    if os.path.exists(text):
+        return kind, text
+    if ":" in text and not text.startswith("hybrid:"):
+        raise ConfigError(f"drafter {spec!r}: '{text.split(':', 1)[0]}:' is no drafter kind (the one kind with "
+                          f"a ':' is 'hybrid:NAME'); use {_GRAMMAR}")
+    if text in ("", "none", "lookup") or ":" in text or "@" in text:
+        raise ConfigError(f"drafter {spec!r} names no model: use {_GRAMMAR}")
+    return kind, text
+
+
+Loader = Callable[..., Member]
+
+
+def make_drafter(spec: Any, load: Loader | None = None, *, dtype: str = "float32") -> Drafter | None:
+    """A drafter from a spec (grammar: `parse_drafter_spec`): None for "none"; the gated prompt
+    lookup for "lookup"; a `ModelDrafter` for a model or a `Member`; a `HybridDrafter` for
+    "hybrid:NAME"; a `Drafter` as is. Model drafters follow their generator's `TreeShape.stop_below`.
+
+    `load(name)` loads a model (the caller's runtime loader; default `runtime.loader.load`
+    with `dtype`); for '@int8' it is called as `load(name, pack_weights=False)`, since int8
+    quantization needs the plain Linear weights. ConfigError on a bad spec; a drafter whose
+    tokenizer differs from the target's is refused when a generator binds it."""
+    kind, name = parse_drafter_spec(spec)
+    if kind == "drafter":
+        return spec
+    if kind == "member":
+        return ModelDrafter(spec)
+    if kind == "none":
         return None
-    if spec == "lookup":
+    if kind == "lookup":
         return PromptLookupDrafter(ngram_max=3, ngram_min=2, min_length=2)
-    from runtime.member import load_member
+    if load is None:
+        def load(model_name: str, **kw) -> Member:
+            return load_model(model_name, dtype=dtype, **kw)
 
-    def model(name: str) -> ModelDrafter:
-        if name.endswith("@int8"):
-            m = quantize_int8(load_member(name[: -len("@int8")], dtype=dtype, pack_weights=False))
-        else:
-            m = load(name) if load is not None else load_member(name, dtype=dtype)
-        return ModelDrafter(m, stop_below=stop_below)
+    member = quantize_int8(load(name, pack_weights=False)) if kind.endswith("-int8") else load(name)
+    model = ModelDrafter(member)
+    return HybridDrafter(model) if kind.startswith("hybrid") else model
 
-    if spec.startswith("hybrid:"):
-        return HybridDrafter(model(spec.split(":", 1)[1]))
-    return model(spec)
+
+def default_shape(drafter: Drafter | None = None) -> TreeShape:
+    """The measured default tree shape; today one shape for every drafter (`DEFAULT_SHAPE`)."""
+    return DEFAULT_SHAPE

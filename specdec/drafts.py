@@ -44,6 +44,7 @@ def check_pair(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> None:
 
 
 def check_scheme(scheme: str) -> None:
+    """Raise ValueError unless `scheme` is one of `SCHEMES`."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown draft scheme {scheme!r}; choose one of {SCHEMES}")
 

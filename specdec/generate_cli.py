@@ -9,12 +9,17 @@ from __future__ import annotations
 import argparse
 import time
 
+from specdec.drafts import SCHEMES
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The speculative flags of `adafuse generate`."""
     g = parser.add_argument_group("speculative decoding (with --model)")
     g.add_argument("--drafter", default=None,
                    help="draft model sharing the target's tokenizer (registry name, folder, hub id), 'lookup' "
-                        "(model-free prompt lookup) or 'hybrid:NAME' (lookup, else the model)")
-    g.add_argument("--scheme", default=None, choices=["greedy", "with", "without"],
+                        "(model-free prompt lookup), 'hybrid:NAME' (lookup, else the model); NAME@int8: the "
+                        "model's decoder layers quantized to int8")
+    g.add_argument("--scheme", default=None, choices=list(SCHEMES),
                    help="how n drafts are drawn per tree node when sampling (default greedy)")
     g.add_argument("--drafts", type=int, default=None, help="drafts (children) per expanded tree node")
     g.add_argument("--depth", type=int, default=None, help="draft tree depth")
@@ -25,20 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build(args: argparse.Namespace, target):
-    """The `SpeculativeGenerator` the flags describe (drafter None: plain decoding)."""
-    from specdec.drafters import DEFAULT_STOP_BELOW, default_shape, make_drafter
+    """The `SpeculativeGenerator` the flags describe (drafter None: plain decoding): the drafter's
+    default shape with the flags that were given in place of its fields."""
+    from specdec.drafters import default_shape, make_drafter
     from specdec.engine import SpeculativeGenerator
 
     from runtime.errors import AdafuseError, ConfigError
 
-    stop_below = getattr(args, "stop_below", None)
     try:
-        drafter = make_drafter(args.drafter, dtype=args.dtype,
-                               stop_below=DEFAULT_STOP_BELOW if stop_below is None else stop_below)
-        d = default_shape(drafter)
-        return SpeculativeGenerator(target, drafter, scheme=args.scheme or d["scheme"],
-                                    num_drafts=args.drafts or d["num_drafts"],
-                                    depth=args.depth if args.depth is not None else d["depth"], verifier=args.verifier)
+        drafter = make_drafter(args.drafter, dtype=args.dtype)
+        return SpeculativeGenerator(target, drafter, default_shape(drafter), scheme=args.scheme,
+                                    num_drafts=args.drafts or None, depth=args.depth,
+                                    stop_below=getattr(args, "stop_below", None), verifier=args.verifier)
     except AdafuseError:
         raise
     except ValueError as exc:
@@ -46,7 +49,8 @@ def build(args: argparse.Namespace, target):
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.member import load_member
+    """Load --model, generate --prompt speculatively, print each text with its speculation figures."""
+    from runtime.loader import load as load_member
 
     target = load_member(args.model, dtype=args.dtype)
     gen = build(args, target)

@@ -1,4 +1,4 @@
-"""Draft trees: the data a drafter hands to the engine, and the pure functions that build their buffers.
+"""Draft trees: the data a drafter hands to the engine, and the pure functions that build and lay them out.
 
 A `DraftTree` is one row's proposal. Node 0 is the *root*: the context's last token (it is not
 drafted and carries no token id here). Every other node i holds a drafted token `tokens[i]`, its
@@ -7,8 +7,8 @@ it was expanded from (`draft_probs[i]`, [V] float, or None when the drafter is d
 prompt lookup) and the drafts in the scheme's draw order (`drafts[i]`, duplicates kept: the
 verifier needs the raw draws; equal tokens share one child node).
 
-Buffers follow EAGLE: a node's attention row = its parent's row plus itself; position offset =
-depth; retrieve indices list every root-to-leaf path.
+`forward_inputs` lays a tree out for `KVState.forward_tree`, which builds the attention mask from
+the parents (EAGLE-style: a node sees its ancestors and itself, at position offset = its depth).
 """
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ class DraftTree:
 
     @property
     def num_drafted(self) -> int:
+        """Drafted nodes (all but the root)."""
         return len(self.tokens) - 1
 
     def depths(self) -> list[int]:
+        """Depth of every node (root 0)."""
         return node_depths(self.parents)
 
     def children(self, node: int) -> dict[int, int]:
@@ -46,6 +48,8 @@ class DraftTree:
         return {self.tokens[i]: i for i in range(1, len(self)) if self.parents[i] == node}
 
     def is_deterministic(self, node: int) -> bool:
+        """Whether `node` was expanded without a draft distribution (lookup, or temperature 0):
+        its children are verified by drawing y ~ p and matching it."""
         return self.drafts[node] is not None and self.draft_probs[node] is None
 
 
@@ -108,45 +112,6 @@ def node_depths(parents: list[int]) -> list[int]:
             raise ValueError("a node's parent must come before it (parents[i] < i)")
         depth.append(0 if p < 0 else depth[p] + 1)
     return depth
-
-
-def path_to(parents: list[int], node: int) -> list[int]:
-    """Node indices from the first node below the root (excluded when parents[root] = -1 and root is
-    index 0) down to `node`, inclusive. `path_to(p, 0) == []`."""
-    out = []
-    while node > 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
-
-
-def tree_buffers(parents: list[int]) -> dict[str, torch.Tensor]:
-    """EAGLE-style buffers of a tree given by `parents` (node 0 = root, parents[0] = -1):
-    - `attention_mask` [N, N] bool: node i sees node j iff j is an ancestor of i or i itself;
-    - `position_offsets` [N] long: depth of each node;
-    - `retrieve_indices` [L, D+1] long: one row per leaf, the root-to-leaf node indices padded with -1."""
-    n = len(parents)
-    depth = node_depths(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] = mask[p]
-        mask[i, i] = True
-    has_child = [False] * n
-    for p in parents:
-        if p >= 0:
-            has_child[p] = True
-    leaves = [i for i in range(n) if not has_child[i]]
-    width = max(depth) + 1
-    retrieve = torch.full((len(leaves), width), -1, dtype=torch.long)
-    for r, leaf in enumerate(leaves):
-        chain = [leaf]
-        while parents[chain[-1]] >= 0:
-            chain.append(parents[chain[-1]])
-        chain.reverse()
-        retrieve[r, : len(chain)] = torch.tensor(chain)
-    return {"attention_mask": mask, "position_offsets": torch.tensor(depth, dtype=torch.long),
-            "retrieve_indices": retrieve}
 
 
 def forward_inputs(tree: DraftTree, pending: int | None) -> tuple[list[int], list[int], list[int]]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.drafts import check_n, check_pair, check_scheme, greedy_residual_draft, greedy_set, to_float64
+from specdec.lp import solve_coupling
 
 METHOD_SCHEMES: dict[str, tuple[str, ...]] = {
     "rrs": ("with",),
@@ -49,11 +50,6 @@ class VerifyResult:
     token: torch.Tensor  # [...] long
     accepted_index: torch.Tensor  # [...] long, in [-1, n)
 
-    @property
-    def index(self) -> torch.Tensor:
-        """Alias of `accepted_index`."""
-        return self.accepted_index
-
     def __repr__(self) -> str:
         return f"VerifyResult(token={tuple(self.token.shape)}, accepted_index={tuple(self.accepted_index.shape)})"
 
@@ -71,6 +67,7 @@ def residual(
 
 
 def normalize_method(method: str) -> str:
+    """A verifier name with underscores read as dashes ("rrs_without" -> "rrs-without")."""
     return method.replace("_", "-") if isinstance(method, str) else method
 
 
@@ -292,8 +289,6 @@ _COUPLINGS: dict[tuple, object] = {}
 
 def _coupling(p: torch.Tensor, q: torch.Tensor, n: int, scheme: str):
     """Optimal coupling for (p, q, n, scheme), memoised (the LP is solved once per distribution pair)."""
-    from specdec.lp import solve_coupling
-
     if p.shape[-1] > 12:
         raise ValueError(f"'lp-optimal' solves an LP over draft tuples: V <= 12 only, got V = {p.shape[-1]}")
     key = (p.numpy().tobytes(), q.numpy().tobytes(), n, scheme)
@@ -347,6 +342,7 @@ def verify(
     return VerifyResult(torch.tensor(tokens, dtype=torch.long).reshape(shape), torch.tensor(indices, dtype=torch.long).reshape(shape))
 
 
+# One row each: (p [V], q [V] float64, drafts, generator, scheme, params) -> the emitted token.
 def _verify_rrs(p, q, d, gen, scheme, params) -> int:
     p_cur, q_cur = p, q
     for x in d:

@@ -1,6 +1,8 @@
 """Word-level ensembling (`adafuse`, `word-fixed`) on tiny in-process members with deliberately
 different tokenizers (character-level vs byte-level BPE): gate, span, candidate union, scoring,
 boundary repair, batching, text invariants, knobs and config errors."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -561,9 +563,14 @@ def test_greedy_output_is_identical_with_a_model_drafter(spacey, drafter_seed):
         ens = Ensemble(list(spacey), lead=1, max_word_tokens=6, drafters=[None, drafter], **kw)
         depths = []
         engine = ens.speculators[1]
-        run = engine._decode
-        engine._decode = lambda *a, draft_depth=None, **k: run(
-            *a, draft_depth=lambda b, new: depths.append(draft_depth(b, new)) or depths[-1], **k)
+        run = engine.decode
+
+        def spy(state, n, sampling, generators, control, run=run):
+            cap = control.draft_depth
+            return run(state, n, sampling, generators, dataclasses.replace(
+                control, draft_depth=lambda b, row: depths.append(cap(b, row)) or depths[-1]))
+
+        engine.decode = spy
         spec = ens.generate(PROMPTS, max_new_tokens=16)
         for x, y in zip(plain, spec):
             assert x.text == y.text

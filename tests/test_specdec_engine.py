@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.errors import TokenizerMismatchError
+from runtime.errors import ConfigError, TokenizerMismatchError
+from runtime.sampling import SamplingParams
 from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
+from specdec.config import DEFAULT_SHAPE, DecodeControl, TreeShape
 from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.engine import SpeculativeGenerator
 
@@ -24,11 +26,12 @@ def pair():
 
 
 def drafters(target, other):
+    # stop_below=0: these tiny random models are never sure, the shape's default cut would stop every tree
     return {
-        "perfect": ModelDrafter(target),   # the target itself: everything is accepted
-        "random": ModelDrafter(other),     # an unrelated random model: almost nothing is
+        "perfect": ModelDrafter(target, stop_below=0.0),   # the target itself: everything is accepted
+        "random": ModelDrafter(other, stop_below=0.0),     # an unrelated random model: almost nothing is
         "lookup": PromptLookupDrafter(),
-        "hybrid": HybridDrafter(ModelDrafter(other), min_match=1),
+        "hybrid": HybridDrafter(ModelDrafter(other, stop_below=0.0), min_match=1),
         "dynamic": ModelDrafter(other, stop_below=0.2),
     }
 
@@ -56,14 +59,15 @@ def test_greedy_equality_other_archs_and_plain_path(arch):
     tok = char_tokenizer()
     target, other = tiny_member(arch, tokenizer=tok, seed=1), tiny_member(arch, tokenizer=tok, seed=2)
     ref = [o.text for o in target.generate(PROMPTS, max_new_tokens=30)]
-    for drafter in (None, ModelDrafter(other), ModelDrafter(target), PromptLookupDrafter()):
+    for drafter in (None, ModelDrafter(other, stop_below=0.0), ModelDrafter(target, stop_below=0.0),
+                    PromptLookupDrafter()):
         g = SpeculativeGenerator(target, drafter, num_drafts=2, depth=3)
         assert [o.text for o in g.generate(PROMPTS, max_new_tokens=30)] == ref
 
 
 def test_sampling_batched_equals_per_row_and_is_seeded(pair):
     target, other = pair
-    g = SpeculativeGenerator(target, ModelDrafter(other), scheme="without", num_drafts=2, depth=2)
+    g = SpeculativeGenerator(target, ModelDrafter(other, stop_below=0.0), scheme="without", num_drafts=2, depth=2)
     kw = dict(max_new_tokens=16, temperature=1.0, top_k=50, top_p=0.95)
     both = g.generate(PROMPTS[:2], seed=11, **kw)
     again = g.generate(PROMPTS[:2], seed=11, **kw)
@@ -77,7 +81,7 @@ def test_stop_strings_and_max_tokens(pair):
     free = target.generate(["The quick brown"], max_new_tokens=20)[0].text
     stop = free[3:6]
     want = target.generate(["The quick brown"], max_new_tokens=20, stop=[stop])[0]
-    g = SpeculativeGenerator(target, ModelDrafter(target), num_drafts=2, depth=4)
+    g = SpeculativeGenerator(target, ModelDrafter(target, stop_below=0.0), num_drafts=2, depth=4)
     got = g.generate(["The quick brown"], max_new_tokens=20, stop=[stop])[0]
     assert (got.text, got.finish_reason) == (want.text, "stop")
     assert g.generate(["The quick brown"], max_new_tokens=5)[0].num_tokens == 5
@@ -92,8 +96,7 @@ def test_model_drafter_q_is_the_drafter_distribution_at_every_node(pair, budget)
     ctx = [other.encode_prompt(p) for p in PROMPTS]
     drafter = ModelDrafter(other)
     gens = [torch.Generator().manual_seed(i) for i in range(len(ctx))]
-    trees = drafter.draft(ctx, scheme="with", num_drafts=2, depth=4, node_budget=budget, temperature=1.0,
-                          top_k=0, top_p=1.0, generators=gens)
+    trees = drafter.draft(ctx, TreeShape("with", 2, 4, budget, stop_below=0.0), SamplingParams(1.0), gens)
     checked = 0
     for b, tree in enumerate(trees):
         for node, q in enumerate(tree.draft_probs):
@@ -122,9 +125,9 @@ def test_decode_continues_an_existing_state(pair):
         for b in range(2):
             ref[b].append(toks[b])
         ref_state.append([[t] for t in toks])
-    g = SpeculativeGenerator(target, ModelDrafter(other), num_drafts=2, depth=3)
+    g = SpeculativeGenerator(target, ModelDrafter(other, stop_below=0.0), num_drafts=2, depth=3)
     state = target.start(ids)
-    out = g.decode(state, 5, stop_at_eos=False)
+    out = g.decode(state, 5, control=DecodeControl(stop_at_eos=False)).ids
     assert out == [r[:5] for r in ref]
     assert state.ids == [i + r[:5] for i, r in zip(ids, ref)]
     torch.testing.assert_close(state.last_logits, ref_state.member.start([i + r[:5] for i, r in zip(ids, ref)]).last_logits,
@@ -132,7 +135,8 @@ def test_decode_continues_an_existing_state(pair):
     # someone else rolls row 0 back by 2 and extends row 1 by its next greedy token
     state.rollback([len(ids[0]) + 3, len(ids[1]) + 5])
     state.append([[], [ref[1][5]]])
-    out = g.decode(state, 4, stop_fn=lambda b, new: b == 0 and len(new) == 2, stop_at_eos=False)
+    out = g.decode(state, 4, control=DecodeControl(stop=lambda b, row: b == 0 and len(row.ids) == 2,
+                                                   stop_at_eos=False)).ids
     assert out[0] == ref[0][3:5] and out[1] == ref[1][6:10]
     assert state.ids[0] == ids[0] + ref[0][:5] and state.ids[1] == ids[1] + ref[1][:10]
 
@@ -143,16 +147,20 @@ def test_decode_rows_sources_and_uncommitted_last_token(pair, which):
     drawn from (greedy: its argmax is the token); commit_last=False leaves only the last token out."""
     target, other = pair
     ids = [target.encode_prompt(p) for p in PROMPTS]
-    plain = SpeculativeGenerator(target, None).decode(target.start(ids), 7, stop_at_eos=False)
+    plain = SpeculativeGenerator(target, None).decode(target.start(ids), 7, control=DecodeControl(stop_at_eos=False))
     g = SpeculativeGenerator(target, drafters(target, other)[which], num_drafts=2, depth=3)
     state = target.start(ids)
-    out = g.decode(state, 7, stop_at_eos=False, rows=[0, 2], record_sources=True, commit_last=False)
-    assert out[1] == [] and state.ids[1] == ids[1]
+    res = g.decode(state, 7, control=DecodeControl(stop_at_eos=False, rows=[0, 2], record_sources=True,
+                                                   commit_last=False))
+    out = res.ids
+    assert out[1] == [] and state.ids[1] == ids[1] and res.sources[1] == []
     for b in (0, 2):
-        assert out[b] == plain[b]
-        assert [int(s.argmax()) for s in g.last_sources[b]] == out[b]
-        assert state.ids[b] == ids[b] + out[b][: len(out[b]) - int(g.last_uncommitted[b])]
-    assert any(g.last_uncommitted)
+        assert out[b] == plain.ids[b]
+        assert [int(s.argmax()) for s in res.sources[b]] == out[b]
+        assert state.ids[b] == ids[b] + out[b][: len(out[b]) - int(res.uncommitted[b])]
+    assert any(res.uncommitted)
+    assert plain.sources == [None] * 3 and not any(plain.uncommitted)
+    assert repr(res).startswith("DecodeResult(rows=3, tokens=[7, 0, 7], sources=recorded, uncommitted=")
 
 
 def test_tokenizer_mismatch_is_one_clear_line():
@@ -166,7 +174,8 @@ def test_tokenizer_mismatch_is_one_clear_line():
 
 def test_alpha_star_reported_beside_acceptance(pair):
     target, other = pair
-    g = SpeculativeGenerator(target, ModelDrafter(other), scheme="greedy", num_drafts=2, depth=2, track_alpha=True)
+    g = SpeculativeGenerator(target, ModelDrafter(other, stop_below=0.0), scheme="greedy", num_drafts=2, depth=2,
+                             track_alpha=True)
     st = g.generate(PROMPTS[:1], max_new_tokens=12, temperature=1.0, seed=0)[0].stats
     assert len(st["alpha_star_by_depth"]) == len(st["acceptance_by_depth"]) >= 1
     assert all(0.0 <= a <= 1.0 + 1e-9 for a in st["alpha_star_by_depth"])
@@ -216,24 +225,80 @@ def test_cli_generate_with_and_without_drafter(tmp_path, capsys):
 
 
 def test_make_drafter_specs_and_default_shapes(pair):
-    """One factory behind the CLI, eval configs and ensembles: specs map to drafters with the
-    measured default shapes."""
-    from specdec.drafters import DEFAULT_STOP_BELOW, Drafter, default_shape, make_drafter
+    """One factory behind the CLI, eval configs and ensembles: specs map to drafters, run with the
+    one measured default shape (model drafters cut by its stop_below)."""
+    from specdec.config import DEFAULT_STOP_BELOW
+    from specdec.drafters import Drafter, default_shape, make_drafter
 
     target, other = pair
     assert make_drafter(None) is None and make_drafter("none") is None
     look = make_drafter("lookup")
     assert isinstance(look, PromptLookupDrafter) and look.ngram_min == 2 and look.min_length == 2
-    assert default_shape(look) == dict(scheme="greedy", num_drafts=1, depth=8)
+    assert default_shape(look) == DEFAULT_SHAPE == TreeShape("greedy", 1, 8, None, DEFAULT_STOP_BELOW)
     model = make_drafter(other)
-    assert isinstance(model, ModelDrafter) and model.member is other and model.stop_below == DEFAULT_STOP_BELOW
+    assert isinstance(model, ModelDrafter) and model.member is other and model.stop_below is None
     loaded = []
-    hybrid = make_drafter("hybrid:tiny", load=lambda name: loaded.append(name) or other)
-    assert isinstance(hybrid, HybridDrafter) and hybrid.model.member is other and loaded == ["tiny"]
+    hybrid = make_drafter("hybrid:tiny", load=lambda name, **kw: loaded.append((name, kw)) or other)
+    assert isinstance(hybrid, HybridDrafter) and hybrid.model.member is other and loaded == [("tiny", {})]
     assert make_drafter(look) is look and isinstance(look, Drafter)
-    g = SpeculativeGenerator(target, model, **default_shape(model))
+    g = SpeculativeGenerator(target, model, default_shape(model))
+    assert g.shape == SpeculativeGenerator(target, model).shape == DEFAULT_SHAPE  # one default
     ref = target.generate(PROMPTS, max_new_tokens=16)
     assert [o.text for o in g.generate(PROMPTS, max_new_tokens=16)] == [r.text for r in ref]
+
+
+def test_int8_specs_load_through_the_given_loader(pair):
+    """'NAME@int8' and 'hybrid:NAME@int8' load NAME with the caller's loader, unpacked, and quantize it."""
+    from specdec.drafters import make_drafter
+
+    target, other = pair
+    loaded = []
+    load = lambda name, **kw: loaded.append((name, kw)) or other  # noqa: E731
+    d = make_drafter("tiny@int8", load=load)
+    h = make_drafter("hybrid:tiny@int8", load=load)
+    assert loaded == [("tiny", {"pack_weights": False})] * 2
+    assert isinstance(d, ModelDrafter) and d.member.name == f"{other.name}-int8"
+    assert isinstance(h, HybridDrafter) and h.model.member.name == f"{other.name}-int8"
+    ref = target.generate(PROMPTS[:1], max_new_tokens=8)[0].text
+    assert SpeculativeGenerator(target, d).generate(PROMPTS[:1], max_new_tokens=8)[0].text == ref
+
+
+def test_parse_drafter_spec_grammar_and_bad_specs(pair, tmp_path):
+    from specdec.drafters import make_drafter, parse_drafter_spec
+
+    _, other = pair
+    cases = {None: ("none", None), "": ("none", None), "none": ("none", None), "lookup": ("lookup", None),
+             "qwen2.5-coder-0.5b": ("model", "qwen2.5-coder-0.5b"), "Qwen/Qwen2.5-0.5B": ("model", "Qwen/Qwen2.5-0.5B"),
+             "m@int8": ("model-int8", "m"), "hybrid:m": ("hybrid", "m"), "hybrid:m@int8": ("hybrid-int8", "m"),
+             str(tmp_path): ("model", str(tmp_path)), f"hybrid:{tmp_path}@int8": ("hybrid-int8", str(tmp_path))}
+    for spec, want in cases.items():
+        assert tuple(parse_drafter_spec(spec)) == want, spec
+    assert parse_drafter_spec(other).kind == "member" and parse_drafter_spec(PromptLookupDrafter()).kind == "drafter"
+    for bad in ("m@int4", "hybrid:", "hybrid:lookup", "hybrid:none", "lookup:3", "hybird:m", "hybrid:hybrid:m", "m@",
+                "@int8", 3, ("a", "b")):
+        with pytest.raises(ConfigError) as err:
+            make_drafter(bad, load=lambda name, **kw: pytest.fail(f"loaded {name}"))
+        assert "\n" not in str(err.value) and "drafter" in str(err.value), bad
+
+
+def test_tree_shape_validation_keywords_and_reprs(pair):
+    target, other = pair
+    for bad in (dict(scheme="sideways"), dict(num_drafts=0), dict(depth=-1), dict(stop_below=1.0),
+                dict(node_budget=-2), dict(num_drafts=1.5)):
+        with pytest.raises(ValueError):
+            TreeShape(**bad)
+    g = SpeculativeGenerator(target, ModelDrafter(other), TreeShape(depth=3), num_drafts=2, scheme="without")
+    assert g.shape == TreeShape("without", 2, 3, None, DEFAULT_SHAPE.stop_below) and g.verifier == "rrs-without"
+    with pytest.raises(ValueError, match="lossless only"):
+        SpeculativeGenerator(target, None, scheme="with", verifier="greedy")
+    # a model drafter's own stop_below wins over the shape's; without one it follows the shape
+    assert g.stop_below == DEFAULT_SHAPE.stop_below
+    assert SpeculativeGenerator(target, ModelDrafter(other, stop_below=0.1), stop_below=0.3).stop_below == 0.1
+    assert SpeculativeGenerator(target, HybridDrafter(ModelDrafter(other)), stop_below=0.3).stop_below == 0.3
+    assert repr(DecodeControl(rows=[0, 2])) == ("DecodeControl(stop=False, stop_at_eos=True, rows=2, draft_depth=False, "
+                                               "commit_last=True, record_sources=False)")
+    res = g.decode(target.start([target.encode_prompt(p) for p in PROMPTS[:2]]), 3)
+    assert repr(res.rows[0]).startswith("RowResult(ids=3, sources=none") and "RowStats(steps=" in repr(res.stats[0])
 
 
 @pytest.mark.parametrize("which", ["perfect", "random", "lookup", "hybrid"])

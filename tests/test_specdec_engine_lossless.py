@@ -12,11 +12,13 @@ import torch
 from scipy import stats
 
 from runtime.member import Member
-from runtime.sampling import logits_to_probs
+from runtime.sampling import SamplingParams, logits_to_probs
 from runtime.testing import tiny_model
 from specdec import engine as engine_mod
+from specdec.config import DecodeControl
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.engine import SpeculativeGenerator
+from specdec.verifiers import METHODS
 
 V = 6
 K = 3          # law of the first K tokens (V**K cells)
@@ -58,18 +60,20 @@ def exact_law(target, temperature, top_k, top_p):
 
 
 def sample_law(gen_obj, temperature, top_k, top_p, max_new):
+    """(counts of the first K tokens over N seeded rows, each row's `RowStats`)."""
     target = gen_obj.target
     state = target.start([PROMPT] * N)
     gens = [torch.Generator().manual_seed(1000 + i) for i in range(N)]
-    out = gen_obj.decode(state, max_new, temperature=temperature, top_k=top_k, top_p=top_p, generators=gens,
-                         stop_at_eos=False)
+    res = gen_obj.decode(state, max_new, SamplingParams(temperature, top_k, top_p), gens,
+                         DecodeControl(stop_at_eos=False))
+    out = res.ids
     assert all(len(o) == max_new for o in out)
     assert all(state.ids[b] == PROMPT + out[b] for b in range(N))
     counts = {}
     for o in out:
         key = tuple(o[:K])
         counts[key] = counts.get(key, 0) + 1
-    return counts
+    return counts, res.stats
 
 
 def chi_square_pvalue(counts, law):
@@ -125,10 +129,6 @@ CASES = [
 
 
 def _cases():
-    try:
-        from specdec.verifiers import METHODS
-    except ImportError:  # math layer absent: the engine's fallback verifiers
-        METHODS = ("rrs", "rrs-without", "greedy")
     for verifier, scheme, n, depth, budget, warp in CASES:
         if verifier in METHODS:
             yield pytest.param(scheme, n, depth, budget, warp, verifier,
@@ -138,9 +138,9 @@ def _cases():
 @pytest.mark.parametrize("scheme,n,depth,budget,warp,verifier", list(_cases()))
 def test_model_drafter_is_lossless(scheme, n, depth, budget, warp, verifier):
     target, draft = members()
-    g = SpeculativeGenerator(target, ModelDrafter(draft), scheme=scheme, num_drafts=n, depth=depth,
+    g = SpeculativeGenerator(target, ModelDrafter(draft, stop_below=0.0), scheme=scheme, num_drafts=n, depth=depth,
                              node_budget=budget, verifier=verifier)
-    counts = sample_law(g, *WARPS[warp], max_new=max(depth + 1, K))
+    counts, _ = sample_law(g, *WARPS[warp], max_new=max(depth + 1, K))
     law = law_for(warp)
     assert chi_square_pvalue(counts, law) > 1e-3, f"TV={tv(counts, law):.4f}"
 
@@ -150,55 +150,58 @@ def test_dynamic_draft_length_is_lossless(scheme, n):
     """`stop_below` cuts branches where the drafter is unsure: a drafter-only choice, still lossless."""
     target, draft = members()
     g = SpeculativeGenerator(target, ModelDrafter(draft, stop_below=0.3), scheme=scheme, num_drafts=n, depth=3)
-    counts = sample_law(g, *WARPS["T1"], max_new=K + 1)
+    counts, cut_stats = sample_law(g, *WARPS["T1"], max_new=K + 1)
     assert chi_square_pvalue(counts, law_for("T1")) > 1e-3
-    full = SpeculativeGenerator(target, ModelDrafter(draft), scheme=scheme, num_drafts=n, depth=3)
-    sample_law(full, *WARPS["T1"], max_new=K + 1)
-    drafted = lambda gen: sum(sum(s.attempts_by_depth[1:]) for s in gen.last_stats)  # noqa: E731
-    assert drafted(g) < drafted(full)  # fewer deep drafts
+    full = SpeculativeGenerator(target, ModelDrafter(draft, stop_below=0.0), scheme=scheme, num_drafts=n, depth=3)
+    _, full_stats = sample_law(full, *WARPS["T1"], max_new=K + 1)
+    drafted = lambda stats: sum(sum(s.attempts_by_depth[1:]) for s in stats)  # noqa: E731
+    assert drafted(cut_stats) < drafted(full_stats)  # fewer deep drafts
 
 
 @pytest.mark.parametrize("depth,n", [(1, 1), (2, 2), (3, 3)])
 def test_prompt_lookup_is_lossless(depth, n):
     target, _ = members()
     g = SpeculativeGenerator(target, PromptLookupDrafter(ngram_max=2), num_drafts=n, depth=depth)
-    counts = sample_law(g, *WARPS["T1"], max_new=max(depth + 1, K))
-    st = g.last_stats[0]
+    counts, stats = sample_law(g, *WARPS["T1"], max_new=max(depth + 1, K))
+    st = stats[0]
     assert sum(st.attempts_by_depth) > 0  # lookup drafted something
     assert chi_square_pvalue(counts, law_for("T1")) > 1e-3
 
 
 def test_perfect_drafter_is_lossless_and_accepts_more():
     target, _ = members()
-    g = SpeculativeGenerator(target, ModelDrafter(target), scheme="greedy", num_drafts=2, depth=2)
-    counts = sample_law(g, *WARPS["T1"], max_new=K)
+    g = SpeculativeGenerator(target, ModelDrafter(target, stop_below=0.0), scheme="greedy", num_drafts=2, depth=2)
+    counts, stats = sample_law(g, *WARPS["T1"], max_new=K)
     assert chi_square_pvalue(counts, law_for("T1")) > 1e-3
-    acc = sum(sum(s.accepts_by_depth) for s in g.last_stats) / sum(sum(s.attempts_by_depth) for s in g.last_stats)
+    acc = sum(sum(s.accepts_by_depth) for s in stats) / sum(sum(s.attempts_by_depth) for s in stats)
     assert acc > 0.99  # draft == target: the greedy-optimal verifier accepts always
 
 
 def test_test_has_power_against_a_wrong_verifier(monkeypatch):
     """Always accepting the first draft is not lossless: the same statistic must reject it."""
     target, draft = members()
-    g = SpeculativeGenerator(target, ModelDrafter(draft), scheme="with", num_drafts=1, depth=2)
+    g = SpeculativeGenerator(target, ModelDrafter(draft, stop_below=0.0), scheme="with", num_drafts=1, depth=2)
     g._verify = lambda p, q, drafts, gen: (int(drafts[0]), 0)
-    counts = sample_law(g, *WARPS["T1"], max_new=K)
+    counts, _ = sample_law(g, *WARPS["T1"], max_new=K)
     assert chi_square_pvalue(counts, law_for("T1")) < 1e-6
 
 
-def test_local_fallback_verifiers_one_position():
-    """The engine's fallback verifiers (used when the math layer is absent) are exact at one position."""
+def test_node_verifier_one_position():
+    """The engine's per-node verifier (`specdec.verifiers.verify` as the tree walk calls it, float32
+    p and q, drafts as a list) is exact at one position."""
     torch.manual_seed(0)
     p = torch.softmax(torch.randn(V) * 1.5, -1)
     q = torch.softmax(torch.randn(V) * 1.5, -1)
     from specdec.drafts import sample_drafts
-    for scheme, method in [("with", "rrs"), ("without", "rrs_without"), ("greedy", "greedy")]:
+    for scheme, method in [("with", "rrs"), ("without", "rrs_without"), ("greedy", "greedy"), ("with", "k-seq"),
+                           ("greedy", "spechub")]:
+        run = engine_mod.node_verifier(method, scheme, {})
         gen = torch.Generator().manual_seed(1)
         hits = torch.zeros(V)
         M = 5000
         for _ in range(M):
             drafts = sample_drafts(q, 2, scheme, gen).tolist()
-            y, idx = engine_mod.local_verify(p, q, drafts, method, gen)
+            y, idx = run(p, q, drafts, gen)
             assert idx is None or drafts[idx] == y
             hits[y] += 1
         res = stats.chisquare(hits.numpy(), (p * M).numpy())

@@ -79,7 +79,8 @@ def test_residual_is_a_distribution():
     assert torch.equal(residual(P, P), P)  # zero-mass residual falls back to p
 
 
-def test_engine_facing_aliases():
+def test_underscore_alias_and_repr():
     out = verify(P, Q, torch.tensor([0, 1]), "rrs_without", generator=torch.Generator().manual_seed(0))
-    assert int(out.index) == int(out.accepted_index)
+    ref = verify(P, Q, torch.tensor([0, 1]), "rrs-without", generator=torch.Generator().manual_seed(0))
+    assert int(out.token) == int(ref.token) and int(out.accepted_index) == int(ref.accepted_index)
     assert repr(out) == "VerifyResult(token=(), accepted_index=())"

@@ -1,43 +1,17 @@
-"""Draft-tree buffers and builders on hand-written trees."""
+"""Draft-tree builders and forward layout on hand-written trees."""
 import pytest
 import torch
 
-from specdec.tree import (DraftTree, add_children, forward_inputs, node_depths, path_to, tree_buffers,
-                          tree_from_sequences)
+from specdec.tree import DraftTree, add_children, forward_inputs, node_depths, tree_from_sequences
 
 # root 0 -> 1 -> (3, 4); root -> 2 -> 5 -> 6
 PARENTS = [-1, 0, 0, 1, 1, 2, 5]
 
 
-def test_depths_and_paths():
+def test_depths():
     assert node_depths(PARENTS) == [0, 1, 1, 2, 2, 2, 3]
-    assert path_to(PARENTS, 6) == [2, 5, 6]
-    assert path_to(PARENTS, 0) == []
     with pytest.raises(ValueError):
         node_depths([-1, 2, 0])
-
-
-def test_buffers_hand_written():
-    buf = tree_buffers(PARENTS)
-    T, F = True, False
-    want = torch.tensor([
-        [T, F, F, F, F, F, F],
-        [T, T, F, F, F, F, F],
-        [T, F, T, F, F, F, F],
-        [T, T, F, T, F, F, F],
-        [T, T, F, F, T, F, F],
-        [T, F, T, F, F, T, F],
-        [T, F, T, F, F, T, T],
-    ])
-    assert torch.equal(buf["attention_mask"], want)
-    assert buf["position_offsets"].tolist() == [0, 1, 1, 2, 2, 2, 3]
-    assert buf["retrieve_indices"].tolist() == [[0, 1, 3, -1], [0, 1, 4, -1], [0, 2, 5, 6]]
-    # a node's mask row is its parent's row plus itself
-    m = buf["attention_mask"]
-    for i, p in enumerate(PARENTS[1:], start=1):
-        expect = m[p].clone()
-        expect[i] = True
-        assert torch.equal(m[i], expect)
 
 
 def test_add_children_merges_duplicate_draws():

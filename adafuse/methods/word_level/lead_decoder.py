@@ -26,7 +26,8 @@ from adafuse.methods.word_level.records import EOS_KEY, Round
 from adafuse.methods.word_level.trees import Branches, TreeBuilder, top_firsts
 from adafuse.words import word_end
 from runtime.kv_state import KVState
-from runtime.sampling import sample
+from runtime.sampling import SamplingParams, sample
+from specdec.config import DecodeControl
 
 
 @dataclass
@@ -342,11 +343,12 @@ class LeadDecoder:
         last new token was drawn from)` holds, EOS, or `max_new_tokens`. Returns (per row the new
         ids, per row the target logits each new token was drawn from, per row whether the state
         lacks the row's last new token)."""
-        spec = self.speculator
-        new_ids = spec.decode(state, max_new_tokens, stop_fn=lambda b, new: stop_fn(b, new, spec.last_sources[b][-1]),
-                              temperature=self.temperature, generators=self.batch.gens, commit_last=False,
-                              record_sources=True, rows=rows, draft_depth=draft_depth)
-        return new_ids, spec.last_sources, spec.last_uncommitted
+        control = DecodeControl(stop=lambda b, row: stop_fn(b, row.ids, row.sources[-1]), rows=rows,
+                                draft_depth=lambda b, row: draft_depth(b, row.ids), commit_last=False,
+                                record_sources=True)
+        result = self.speculator.decode(state, max_new_tokens, SamplingParams(self.temperature), self.batch.gens,
+                                        control)
+        return result.ids, result.sources, result.uncommitted
 
     def _walk_chunk(self, b: int, have: list[int], ids: list[int], after: list[torch.Tensor], first_margin: float
                     ) -> tuple[list[tuple[str, float]], int, bool]:
