@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from eval.cli_eval import _subset
@@ -33,7 +34,7 @@ def plan_lines(cfg) -> list[str]:
 
     tune = cfg.tune
     n = len(tune.members)
-    cands, _ = build_candidates(tune, {m: float(n - i) for i, m in enumerate(tune.members)})
+    cands, _ = build_candidates(replace(tune, prune_ratio=0.0), {m: float(n - i) for i, m in enumerate(tune.members)})
     rounds = halving_schedule(len(cands), tune.min_rows, tune.eta, tune.dev_rows)
     ensemble_rows = sum(n * (r - prev) for (n, r), prev in zip(rounds, [0] + [r for _, r in rounds]))
     tasks = ", ".join(t.name for t in cfg.eval.tasks)
