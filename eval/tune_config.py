@@ -17,7 +17,11 @@ config will evaluate, seed, batch_size, data_dir, bootstrap, output_path) plus a
       max_candidates: null    # at most this many ensembles, the highest prior (mean member score) first
       methods:                # any method and any option grid (every combination is a candidate)
         - {method: adafuse, options: {span: 3}, grid: {threshold: [0.5, 0.7], candidates: [2, 4]}}
+        - {method: adafuse, options: {fusion: lead-keeps}, grid: {keep_margin: [0.5, 2.0]}}
         - {method: token-union}
+
+A method may be listed more than once (a grid that only makes sense with another option's value).
+Options are checked up front by the method's own parser (`adafuse.methods`), every combination.
 
 Read as an eval config (`eval.config.load_config`), a tune config's runs are each member alone.
 """

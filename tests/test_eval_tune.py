@@ -16,7 +16,7 @@ from eval import methods
 from eval.cli import main as adafuse_main
 from eval.config import load_config, parse_config
 from eval.data import DEV_START, resolve_data_dir
-from eval.runner import read_predictions
+from eval.runner import evaluate, read_predictions
 from eval.task import get_task
 from eval.testing import make_data
 from eval.tune import Tuner, build_candidates, dev_weights, halving_schedule, successive_halving
@@ -217,6 +217,10 @@ def test_tune_chooses_the_best_on_dev_and_writes_a_tuned_config(tmp_path: Path, 
     tuned = cfg.runs[-1]
     assert (tuned.method, tuned.members, tuned.options) == ("adafuse", result.chosen.cand.members, result.chosen.cand.options)
     assert cfg.tasks[0].task.split == "test" and cfg.tasks[0].limit == 5 and cfg.tasks[0].task.num_fewshot == 2
+    CALLS.clear()
+    test_results = evaluate(cfg, progress=False, log=None)        # `adafuse eval tuned.yaml`: test rows only
+    assert [m["run"] for m in test_results] == ["a", "b", "c", "tuned"] and all(m["n"] == 5 for m in test_results)
+    assert {row for *_, row in CALLS} == set(range(8, 13))
     table = (out / "dev_table.md").read_text()
     assert "**chosen**" in table and "dropped at round 0" in table and "pruned from ensembles" in table
     assert "paired diff" in table and "win/tie/loss" in table
@@ -346,6 +350,21 @@ def test_bad_tune_configs_are_one_line_errors() -> None:
         parse_tune({"tasks": ["nq_open"]}, "t.yaml")
     with pytest.raises(ConfigError, match="--dev_rows must be >= 1"):
         parse_tune(_tune_cfg(Path("."), Path("o")), "t.yaml", dev_rows=0)
+
+
+def test_any_method_option_grid_plugs_in() -> None:
+    """Grids are generic: any option of the method (here the word-level fusion knobs) is a grid key,
+    checked by the method's own parser; a method listed twice gives a conditional grid."""
+    grid = [{"method": "adafuse", "grid": {"fusion": ["mean", "confidence"], "threshold": [0.5, 0.8]}},
+            {"method": "adafuse", "options": {"fusion": "lead-keeps"}, "grid": {"keep_margin": [0.5, 2.0]}}]
+    spec = parse_tune({**_tune_cfg(Path("."), Path("o")), "tune": {"members": ["a", "b"], "dev_rows": 8, "methods": grid}},
+                      "t.yaml").tune
+    cands, _ = build_candidates(spec, {"a": 0.5, "b": 0.4})
+    assert [(c.options.get("fusion"), c.options.get("threshold"), c.options.get("keep_margin")) for c in cands] == [
+        ("mean", 0.5, None), ("mean", 0.8, None), ("confidence", 0.5, None), ("confidence", 0.8, None),
+        ("lead-keeps", None, 0.5), ("lead-keeps", None, 2.0)]
+    assert all(c.options["lead"] == 0 for c in cands)
+    assert "fusion='avg' is invalid" in _err(tune_methods=[{"method": "adafuse", "grid": {"fusion": ["mean", "avg"]}}])
 
 
 def test_shipped_tune_configs_are_valid() -> None:
