@@ -51,13 +51,16 @@ class Candidate:
 
     @property
     def is_single(self) -> bool:
+        """A member alone (the baselines every tune keeps)."""
         return self.method == "single"
 
     def run(self) -> RunSpec:
+        """The eval run of this candidate (its name is its folder under OUT/candidates)."""
         return RunSpec(name=self.name, method=self.method, members=list(self.members), options=dict(self.options))
 
 
 def single(member: str) -> Candidate:
+    """`member` alone, named after it."""
     return Candidate(name=member, method="single", members=[member], label="alone")
 
 
@@ -81,10 +84,13 @@ def dev_weights(scores: list[float], floor: float = 0.1) -> list[float] | None:
     return None if len(set(weights)) == 1 else weights
 
 
-def build_candidates(spec: TuneSpec, prior: dict[str, float]) -> tuple[list[Candidate], list[str]]:
+def build_candidates(spec: TuneSpec, prior: dict[str, float],
+                     rank: dict[str, tuple] | None = None) -> tuple[list[Candidate], list[str]]:
     """(ensembles to search, members kept): subsets (sizes >= 2) of the members whose dev score alone
     is >= prune_ratio x the best, x lead x weights x each method's grid; duplicates dropped; at most
-    `max_candidates`, the highest prior (mean member score) first, kept in generation order."""
+    `max_candidates`, the highest prior (mean member score) first, kept in generation order.
+    `lead: best` leads with the subset's member of the highest `rank` (default: its prior; e.g. the
+    task's metrics in order, so a tie on exact match goes to the better F1), the first on ties."""
     best = max(prior.values())
     kept = [m for m in spec.members if prior[m] >= spec.prune_ratio * best]
     sizes = spec.subset_sizes or range(2, len(kept) + 1)
@@ -92,7 +98,7 @@ def build_candidates(spec: TuneSpec, prior: dict[str, float]) -> tuple[list[Cand
     for size in sizes:
         for subset in itertools.combinations(kept, size):
             for mg in spec.methods:
-                for cand in _subset_candidates(mg, list(subset), prior, spec):
+                for cand in _subset_candidates(mg, list(subset), prior, rank or {}, spec):
                     found.setdefault(cand.name, cand)
     cands = list(found.values())
     if spec.max_candidates is not None and len(cands) > spec.max_candidates:
@@ -101,9 +107,10 @@ def build_candidates(spec: TuneSpec, prior: dict[str, float]) -> tuple[list[Cand
     return cands, kept
 
 
-def _subset_candidates(mg: MethodGrid, subset: list[str], prior: dict[str, float], spec: TuneSpec) -> list[Candidate]:
+def _subset_candidates(mg: MethodGrid, subset: list[str], prior: dict[str, float], rank: dict[str, tuple],
+                       spec: TuneSpec) -> list[Candidate]:
     scores = [prior[m] for m in subset]
-    best = max(range(len(subset)), key=lambda i: (scores[i], -i))
+    best = max(range(len(subset)), key=lambda i: (rank.get(subset[i], (scores[i],)), -i))
     leads = [best] if (mg.lead or spec.lead) == "best" else list(range(len(subset)))
     out = []
     for lead in leads:
@@ -132,7 +139,8 @@ class Round:
     scores: dict[str, float]
 
 
-def _key(score: float) -> float:
+def _key(score: float | None) -> float:
+    """A sortable score: NaN / None rank last."""
     return -math.inf if score is None or math.isnan(score) else score
 
 
@@ -262,7 +270,9 @@ class Tuner:
         dev, ids = self.dev_spec(spec)
         singles = [self.score(single(m), dev, tune.dev_rows, "stage 0") for m in tune.members]
         prior = {s.cand.members[0]: _key(s.score) for s in singles}
-        cands, kept = build_candidates(tune, prior)
+        rank = {s.cand.members[0]: tuple(_key(s.metrics["metrics"][m]["value"]) for m in dev.task.metric_names)
+                for s in singles}
+        cands, kept = build_candidates(tune, prior, rank)
         plan = halving_schedule(len(cands), tune.min_rows, tune.eta, tune.dev_rows)
         self.event("plan", task=spec.name, prior=prior, kept=kept, candidates=[c.name for c in cands], rounds=plan)
         self.log(f"[{spec.name}] kept {', '.join(kept)} of {len(tune.members)} members; {len(cands)} ensembles; "

@@ -10,9 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from eval.cli_eval import _subset
+from eval.tune_config import TuneConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The verb's options (underscored; `eval.cli` adds the dashed spellings)."""
     parser.add_argument("config", metavar="CONFIG", help="tune config YAML (see configs/tune_*.yaml)")
     parser.add_argument("--dev_rows", type=int, default=None, help="dev row budget per task (default: tune.dev_rows)")
     parser.add_argument("--limit", type=int, default=None, help="test rows the tuned config evaluates (default: the config's)")
@@ -26,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
 
 
-def plan_lines(cfg) -> list[str]:
+def plan_lines(cfg: TuneConfig) -> list[str]:
     """The search plan with every member kept (the most it can cost): candidates and rounds, and the
     rows computed per task (each row once per candidate: later rounds reuse the earlier rows). Leads
     and dev weights are shown as if the members alone ranked in the listed order."""
@@ -47,6 +49,7 @@ def plan_lines(cfg) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Tune (or print the plan); our errors propagate as `ConfigError`s for `eval.cli` (one line, exit 2)."""
     from eval.tune import Tuner
     from eval.tune_config import load_tune
 

@@ -69,7 +69,7 @@ def _outcome(s: Scored, result: TaskResult, ratio: float) -> str:
         best = " (best single)" if s.cand.name == result.best_single.cand.name else ""
         kept = "kept for ensembles" if s.cand.members[0] in result.kept else f"pruned from ensembles (< {ratio} x best)"
         return f"alone{best}; {kept}"
-    return s.outcome or "finalist"
+    return (s.outcome or "finalist").replace("(1 rows)", "(1 row)")
 
 
 def dev_table(cfg: TuneConfig, results: list[TaskResult]) -> str:

@@ -190,6 +190,8 @@ def test_candidates_prior_pruning_and_weights() -> None:
     assert len(all_cands) == 4 * 3 and len({c.name for c in all_cands}) == 12
     lead_all = parse_tune(_tune_cfg(Path("."), Path("o"), lead="all", weights=["uniform"]), "t.yaml").tune
     assert len(build_candidates(lead_all, {"a": 1, "b": 1, "c": 1})[0]) == (2 + 2 + 2 + 3) * 3
+    by_f1 = build_candidates(spec, {"a": 0.5, "b": 0.5, "c": 0.0}, rank={"a": (0.5, 0.2), "b": (0.5, 0.3)})[0]
+    assert {c.options["lead"] for c in by_f1} == {1}          # a tie on the primary metric: the next one decides
     capped = parse_tune(_tune_cfg(Path("."), Path("o"), max_candidates=3), "t.yaml").tune
     top = build_candidates(capped, {"a": 0.3, "b": 0.6, "c": 0.5})[0]
     assert len(top) == 3 and all(c.members == ["b", "c"] for c in top)    # the highest prior first
