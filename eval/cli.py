@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("adafuse.cli_generate", "generate text with one model (optionally speculative) or an ensemble"),
     "bound": ("specdec.bound_cli", "measure verifiers against the optimal acceptance rate on real distributions"),
     "eval": ("eval.cli_eval", "run an evaluation config (tasks x methods) and write predictions/metrics"),
+    "tune": ("eval.tune_cli", "choose members, weights and method settings per task on dev rows; write a tuned config"),
     "report": ("eval.report", "compare evaluation runs: markdown table and score-vs-cost plot"),
 }
 

@@ -9,6 +9,9 @@ limit, seed, batch size and output folder. Validated up front; every mistake is 
       - {name: ens, method: adafuse, members: [smollm2-135m, gemma3-270m], options: {...}}
 
 A single run may be written at top level instead of `runs:` (`method`, `members`, `options`, `name`).
+A task entry's `split: dev` evaluates the dev rows (`eval.data`; default `test`); a test range that
+would reach the dev rows is refused. A tune config (`adafuse tune`, `eval.tune`) is an eval config
+with a `tune:` block; read as an eval config, its runs are then each `tune.members` member alone.
 Generation settings: task file < config `generation` < task entry `generation`. Limits: config
 `limit` < task entry `limit` < `--limit`.
 """
@@ -33,6 +36,7 @@ TASK_ENTRY = {
     "limit": Field((int,)),
     "until": Field((list,), item=Field((str,))),
     "generation": GENERATION,
+    "split": Field((str,), choices=("test", "dev")),
 }
 RUN = {
     "name": Field((str,)),
@@ -55,6 +59,7 @@ CONFIG_SCHEMA: dict[str, Field] = {
     "output_path": Field((str,)),
     "data_dir": Field((str, type(None))),
     "bootstrap": Field((int,)),
+    "tune": Field((dict,)),  # validated by eval.tune; here only its `members` (the runs when none are given)
 }
 
 
@@ -70,7 +75,8 @@ class TaskSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "num_fewshot": self.task.num_fewshot, "limit": self.limit, "until": self.task.until,
-                "generation": {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature}}
+                "generation": {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature},
+                **({"split": self.task.split} if self.task.split != "test" else {})}
 
 
 @dataclass
@@ -117,10 +123,22 @@ def _check_method(method: str, where: str, source: str) -> None:
         raise ConfigError(f"{source}: {where}method: unknown method '{method}'{hint}")
 
 
+def _tune_runs(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A tune config read as an eval config: without runs of its own, each `tune.members` member
+    alone is a run (what `adafuse eval` on it compares); the rest of `tune:` is `eval.tune`'s."""
+    if "tune" not in data or "runs" in data or "method" in data:
+        return data
+    members = data["tune"].get("members")
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
+        raise ConfigError(f"{source}: key 'tune.members' must be a non-empty list of member names")
+    return {**data, "runs": [{"name": m, "method": "single", "members": [m]} for m in members]}
+
+
 def parse_config(data: Any, source: str = "<config>", *, limit: int | None = None, output_path: str | None = None,
                  seed: int | None = None, batch_size: int | None = None, data_dir: str | None = None) -> EvalConfig:
     """Validate a config mapping and resolve it; keyword arguments are command-line overrides."""
     validate(data, CONFIG_SCHEMA, source)
+    data = _tune_runs(data, source)
     if "runs" in data and any(k in data for k in ("method", "members", "options", "name")):
         raise ConfigError(f"{source}: give either 'runs:' or a top-level 'method'/'members', not both")
     if "runs" not in data and "method" not in data:
@@ -158,13 +176,15 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         validate(entry, TASK_ENTRY, source, f"tasks[{i}].")
         _positive(entry.get("num_fewshot"), f"tasks[{i}].num_fewshot", source, 0)
         _positive(entry.get("limit"), f"tasks[{i}].limit", source)
+        task_limit = limit if limit is not None else entry.get("limit", data.get("limit"))
         try:
-            task = get_task(entry["name"], num_fewshot=entry.get("num_fewshot"), until=entry.get("until"))
+            task = get_task(entry["name"], num_fewshot=entry.get("num_fewshot"), until=entry.get("until"),
+                            split=entry.get("split"))
+            task.check_range(task_limit)
         except ConfigError as exc:
             raise ConfigError(f"{source}: tasks[{i}]: {exc}") from None
         gen = {**task.generation_kwargs, **base_gen, **(entry.get("generation") or {})}
         _positive(gen.get("max_new_tokens"), f"tasks[{i}].generation.max_new_tokens", source)
-        task_limit = limit if limit is not None else entry.get("limit", data.get("limit"))
         tasks.append(TaskSpec(name=task.name, task=task, limit=task_limit, max_new_tokens=int(gen.get("max_new_tokens", 128)),
                               temperature=float(gen.get("temperature", 0.0))))
     if len({t.name for t in tasks}) != len(tasks):

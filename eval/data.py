@@ -2,12 +2,19 @@
 
 A doc is a dict with at least `id` (the row index in its source file), `gold` (what the metrics
 compare against) and `target` (the answer text used when the doc is a few-shot exemplar).
-Loaders return `(eval_docs, fewshot_docs)`; the two never overlap:
+Loaders return `(eval_docs, fewshot_docs)` of a `split` ("test", the default, or "dev"); the
+exemplars, the test rows and the dev rows never overlap. Dev rows start at a fixed, documented row
+(`DEV_START`) and are what `adafuse tune` chooses settings on; the test split stops before it:
 
-- gsm8k: eval = test.jsonl, exemplars = the first rows of train.jsonl.
+- gsm8k: test = test.jsonl; exemplars = the first rows of train.jsonl; dev = train.jsonl rows
+  from 1000 on (ids are train.jsonl row indices).
 - nq_open: the first `fewshot_reserved` rows of dev.jsonl (default 8) are the exemplar pool and are
-  never evaluated; evaluation starts at row `fewshot_reserved` (ids are file row indices).
-- wmt22: same split of `{pair}.src/.ref` lines: rows [0, fewshot_reserved) are exemplars.
+  never evaluated; test = rows [fewshot_reserved, 2000); dev = rows from 2000 on (ids are file row
+  indices).
+- wmt22: the same split of `{pair}.src/.ref` lines: exemplars [0, fewshot_reserved), test
+  [fewshot_reserved, 1000), dev from line 1000 on.
+
+`check_range` refuses (one-line `ConfigError`) a test range that would reach the dev rows.
 """
 from __future__ import annotations
 
@@ -20,6 +27,9 @@ from typing import Any, Callable
 from runtime.errors import ConfigError
 
 Doc = dict[str, Any]
+SPLITS = ("test", "dev")
+# first dev row of each dataset (a row index of gsm8k/train.jsonl, nq_open/dev.jsonl, wmt22/{pair}.src)
+DEV_START: dict[str, int] = {"gsm8k": 1000, "nq_open": 2000, "wmt22": 1000}
 DATA_HINT = "pass --data_dir DIR (or set ADAFUSE_DATA) to the folder holding gsm8k/, nq_open/ and wmt22/"
 
 
@@ -80,39 +90,79 @@ def gsm8k_cot(answer: str) -> str:
     return " ".join(lines + [f"The answer is {gsm8k_gold(answer)}."])
 
 
-def load_gsm8k(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None) -> tuple[list[Doc], list[Doc]]:
-    test = _read_jsonl(data_dir / "gsm8k" / "test.jsonl")
-    docs = [{"id": i, "question": r["question"], "gold": gsm8k_gold(r["answer"]), "target": gsm8k_cot(r["answer"])}
-            for i, r in enumerate(test)]
-    shots: list[Doc] = []
-    if num_fewshot:
-        train = _read_jsonl(data_dir / "gsm8k" / "train.jsonl")[: max(num_fewshot, fewshot_reserved or 0)]
-        shots = [{"id": i, "question": r["question"], "gold": gsm8k_gold(r["answer"]), "target": gsm8k_cot(r["answer"])}
-                 for i, r in enumerate(train)]
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ConfigError(f"split {split!r} is invalid: one of {', '.join(SPLITS)}")
+
+
+def check_range(dataset: str, split: str, limit: int | None, num_fewshot: int, fewshot_reserved: int | None) -> None:
+    """Raise a one-line `ConfigError` (without a file prefix) if the exemplars, or the first `limit`
+    test rows, would reach the dev rows of `dataset`; dev ranges end at the file's end, so any limit is fine."""
+    _check_split(split)
+    start = DEV_START.get(dataset)
+    if start is None:
+        return
+    reserved = _reserved(dataset, fewshot_reserved)
+    pool = max(num_fewshot, reserved)
+    if pool > start:
+        raise ConfigError(f"{dataset}: {pool} exemplar rows would reach the dev rows (row {start} on); use at most {start}")
+    if split == "test" and limit is not None and dataset != "gsm8k" and reserved + limit > start:
+        raise ConfigError(f"{dataset}: limit {limit} would reach the dev rows (row {start} on): test rows are "
+                          f"{reserved}..{start - 1}, so limit <= {start - reserved}")
+
+
+def _reserved(dataset: str, fewshot_reserved: int | None) -> int:
+    if fewshot_reserved is not None:
+        return fewshot_reserved
+    return 0 if dataset == "gsm8k" else 8
+
+
+def _gsm8k_doc(i: int, r: dict) -> Doc:
+    return {"id": i, "question": r["question"], "gold": gsm8k_gold(r["answer"]), "target": gsm8k_cot(r["answer"])}
+
+
+def load_gsm8k(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None,
+               split: str = "test") -> tuple[list[Doc], list[Doc]]:
+    check_range("gsm8k", split, None, num_fewshot, fewshot_reserved)
+    test = _read_jsonl(data_dir / "gsm8k" / "test.jsonl") if split == "test" else []
+    train = _read_jsonl(data_dir / "gsm8k" / "train.jsonl") if num_fewshot or split == "dev" else []
+    rows = test if split == "test" else train
+    docs = [_gsm8k_doc(i, r) for i, r in enumerate(rows)][(DEV_START["gsm8k"] if split == "dev" else 0):]
+    shots = [_gsm8k_doc(i, r) for i, r in enumerate(train[: max(num_fewshot, fewshot_reserved or 0)])] if num_fewshot else []
     return docs, shots
 
 
-def load_nq_open(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None) -> tuple[list[Doc], list[Doc]]:
+def _split_rows(dataset: str, docs: list[Doc], split: str, fewshot_reserved: int | None,
+                num_fewshot: int) -> tuple[list[Doc], list[Doc]]:
+    """(the split's rows, the exemplar pool) of one file's docs: pool [0, reserved), test
+    [reserved, DEV_START), dev [DEV_START, end)."""
+    check_range(dataset, split, None, num_fewshot, fewshot_reserved)
+    reserved, start = _reserved(dataset, fewshot_reserved), DEV_START[dataset]
+    rows = docs[start:] if split == "dev" else docs[reserved:start]
+    return rows, docs[:reserved]
+
+
+def load_nq_open(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None,
+                 split: str = "test") -> tuple[list[Doc], list[Doc]]:
     rows = _read_jsonl(data_dir / "nq_open" / "dev.jsonl")
-    reserved = 8 if fewshot_reserved is None else fewshot_reserved
     docs = [{"id": i, "question": r["question"], "gold": list(r["answer"]), "target": r["answer"][0]}
             for i, r in enumerate(rows)]
-    return docs[reserved:], docs[:reserved]
+    return _split_rows("nq_open", docs, split, fewshot_reserved, num_fewshot)
 
 
 _LANGS = {"de": "German", "en": "English", "zh": "Chinese", "cs": "Czech", "ru": "Russian", "ja": "Japanese"}
 
 
-def load_wmt22(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None, pair: str = "de-en") -> tuple[list[Doc], list[Doc]]:
+def load_wmt22(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None, pair: str = "de-en",
+               split: str = "test") -> tuple[list[Doc], list[Doc]]:
     src = _read_lines(data_dir / "wmt22" / f"{pair}.src")
     ref = _read_lines(data_dir / "wmt22" / f"{pair}.ref")
     if len(src) != len(ref):
         raise ConfigError(f"{data_dir / 'wmt22' / pair}.src/.ref have {len(src)} and {len(ref)} lines; they must align")
     s, t = pair.split("-")
     names = {"src_lang": _LANGS.get(s, s), "tgt_lang": _LANGS.get(t, t)}
-    reserved = 8 if fewshot_reserved is None else fewshot_reserved
     docs = [{"id": i, "src": a, "gold": b, "target": b, **names} for i, (a, b) in enumerate(zip(src, ref))]
-    return docs[reserved:], docs[:reserved]
+    return _split_rows("wmt22", docs, split, fewshot_reserved, num_fewshot)
 
 
 DATASETS: dict[str, Callable[..., tuple[list[Doc], list[Doc]]]] = {

@@ -4,6 +4,8 @@ A task file names a dataset loader (`eval.data.DATASETS`), a prompt template (`d
 `doc_to_target` as `str.format` templates over doc fields), stop strings (`until`), an
 answer-extraction filter (`eval.metrics.FILTERS`), a metric list and a version. `include: FILE`
 merges a base file (the including file wins). Files whose name starts with `_` are bases only.
+`split` ("test", the default, or "dev": the rows `adafuse tune` chooses settings on; see
+`eval.data`) picks which rows of the dataset are evaluated.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import yaml
 from runtime.errors import ConfigError
 from runtime.prompts import ChatPrompt, fewshot_messages
 from eval import metrics as M
-from eval.data import DATASETS, Doc
+from eval.data import DATASETS, SPLITS, Doc, check_range
 from eval.schema import Field, validate
 
 TASK_DIR = Path(__file__).resolve().parent / "tasks"
@@ -38,6 +40,7 @@ TASK_SCHEMA: dict[str, Field] = {
     "filter": Field((str,), choices=tuple(M.FILTERS)),
     "metric_list": Field((list,), required=True, item=Field((dict,))),
     "generation_kwargs": Field((dict,), fields={"max_new_tokens": Field((int,)), "temperature": Field((float,))}),
+    "split": Field((str,), choices=SPLITS),
 }
 
 
@@ -60,6 +63,7 @@ class Task:
     until: list[str] = field(default_factory=list)
     filter: str = "strip"
     generation_kwargs: dict[str, Any] = field(default_factory=dict)
+    split: str = "test"
 
     @property
     def metric_names(self) -> list[str]:
@@ -73,9 +77,15 @@ class Task:
         """A copy with e.g. `num_fewshot` or `until` replaced (None values are ignored)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
+    def check_range(self, limit: int | None) -> None:
+        """One-line `ConfigError` if the exemplars or the first `limit` test rows would reach the dev rows."""
+        check_range(self.dataset, self.split, limit, self.num_fewshot, self.fewshot_reserved)
+
     def load(self, data_dir: Path) -> tuple[list[Doc], list[Doc]]:
-        """(eval docs, the `num_fewshot` exemplar docs); exemplars never come from the evaluated rows."""
-        docs, pool = DATASETS[self.dataset](data_dir, self.num_fewshot, self.fewshot_reserved, **self.dataset_kwargs)
+        """(the `split`'s docs, the `num_fewshot` exemplar docs); exemplars never come from the
+        evaluated rows, test rows never from the dev rows."""
+        docs, pool = DATASETS[self.dataset](data_dir, self.num_fewshot, self.fewshot_reserved, split=self.split,
+                                            **self.dataset_kwargs)
         if self.num_fewshot > len(pool):
             raise ConfigError(f"task {self.name}: num_fewshot={self.num_fewshot} but only {len(pool)} exemplars are reserved "
                               f"(raise fewshot_reserved in the task file)")
@@ -136,7 +146,8 @@ class Task:
         """What must match for saved predictions to be reused on resume."""
         return {"task": self.name, "version": self.version, "num_fewshot": self.num_fewshot,
                 "fewshot_reserved": self.fewshot_reserved, "doc_to_text": self.doc_to_text, "until": self.until,
-                "filter": self.filter, "dataset_kwargs": self.dataset_kwargs}
+                "filter": self.filter, "dataset_kwargs": self.dataset_kwargs,
+                **({"split": self.split} if self.split != "test" else {})}  # test: as before splits existed
 
 
 def _read_task_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
