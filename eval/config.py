@@ -204,13 +204,17 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
     return cfg
 
 
-def load_config(path: str | Path, **overrides: Any) -> EvalConfig:
-    """Read, validate and resolve a config file (see `parse_config` for the overrides)."""
+def read_yaml(path: str | Path, what: str = "config") -> Any:
+    """The parsed YAML of a config file; a missing file or bad YAML is a one-line ConfigError."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"{what} file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML ({' '.join(str(exc).split())[:200]})") from None
-    return parse_config(data, str(path), **overrides)
+
+
+def load_config(path: str | Path, **overrides: Any) -> EvalConfig:
+    """Read, validate and resolve a config file (see `parse_config` for the overrides)."""
+    return parse_config(read_yaml(path), str(path), **overrides)

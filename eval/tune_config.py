@@ -32,11 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runtime.errors import ConfigError
 from eval import methods as eval_methods
-from eval.config import EvalConfig, _check_method, parse_config
+from eval.config import EvalConfig, _check_method, parse_config, read_yaml
 from eval.schema import Field, validate
 
 LEADS = ("best", "all")
@@ -193,11 +191,4 @@ def _check_numbers(spec: TuneSpec, raw: dict[str, Any], source: str) -> None:
 
 def load_tune(path: str | Path, **overrides: Any) -> TuneConfig:
     """Read and validate a tune config file (`parse_tune` for the overrides)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"tune config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML ({' '.join(str(exc).split())[:200]})") from None
-    return parse_tune(data, str(path), **overrides)
+    return parse_tune(read_yaml(path, "tune config"), str(path), **overrides)
