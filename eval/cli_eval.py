@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     all_runs = list(cfg.runs)
     cfg.tasks = _subset(cfg.tasks, args.tasks, "task", args.config)
     cfg.runs = _subset(cfg.runs, args.runs, "run", args.config)
+    check_model_names(cfg.runs, args.config)
     if args.write_out:
         _write_out(cfg)
     try:
@@ -75,6 +76,28 @@ def run(args: argparse.Namespace) -> int:
     png = plot(results, f"{cfg.output_path}/report.png")
     print(f"\nresults: {cfg.output_path}  plot: {png}")
     return 0
+
+
+def check_model_names(runs, source: str) -> None:
+    """Every member and drafter model of every run that loads real models, checked before the first
+    run starts (a typo in the last run would otherwise surface after the others ran)."""
+    from eval.methods import ENSEMBLE_METHODS
+    from runtime.loader import check_spec
+    from specdec.drafters import parse_drafter_spec
+
+    for run in runs:
+        if run.method not in ENSEMBLE_METHODS and run.method != "single":
+            continue  # a registered backend (e.g. a test fake) resolves its own names
+        drafters = run.options.get("drafters") or []
+        single = run.options.get("drafter")
+        names = list(run.members) + [d for d in drafters + [single] if isinstance(d, str)]
+        for name in names:
+            try:
+                kind, model = parse_drafter_spec(name) if name not in run.members else ("model", name)
+                if model:
+                    check_spec(model)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: run '{run.name}': {exc}") from None
 
 
 def _write_out(cfg) -> None:

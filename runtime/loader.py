@@ -103,6 +103,22 @@ def load(spec: Any, dtype: str | torch.dtype = "float32", device: str | torch.de
     return default_loader().member(spec, dtype=dtype, device=device, pack_weights=pack_weights)
 
 
+def check_spec(spec: str) -> None:
+    """Fail now, not when a run starts, on a model name that cannot load: a string must be a registry
+    name (fetched or not: fetching is a separate step), an existing folder, or look like a hub id
+    ("org/name"). Raises a one-line `ConfigError` with the closest registry name."""
+    from runtime import registry
+
+    if spec in registry.REGISTRY or Path(spec).expanduser().is_dir():
+        return
+    if "/" in spec and not spec.startswith((".", "/", "~")):
+        return  # a hub id: only loading can tell
+    try:
+        registry.get_spec(spec)
+    except UnknownModelError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 # ---- helpers ---------------------------------------------------------------------------------
 def _load(spec: str, dtype: torch.dtype, device: str, pack_weights: bool = True) -> Member:
     from runtime import member as member_module  # looked up per call, so tests can replace load_member

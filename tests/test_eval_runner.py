@@ -230,3 +230,19 @@ def test_shards_split_a_run_over_processes(tmp_path: Path, data: Path, capsys: p
     for bad in ("2/2", "a/b", "1"):
         assert adafuse_main(["eval", str(cfg_path), "--shard", bad]) == 2
         assert "--shard" in capsys.readouterr().err
+
+
+def test_model_names_are_checked_before_any_run(tmp_path: Path, data: Path, capsys) -> None:
+    """A typo in the last run's members (or in a drafter's model) fails at once, before the first run
+    writes anything: one line naming the run and the closest registry name, exit 2."""
+    for bad in ({"members": ["smollm2-135m", "gemma3-27m"]},
+                {"members": ["smollm2-135m", "gemma3-270m"], "options": {"drafters": [None, "hybrid:qwen-0.5b"]}}):
+        cfg = tmp_path / "typo.yaml"
+        cfg.write_text(yaml.safe_dump({"tasks": ["gsm8k"], "limit": 2, "data_dir": str(data),
+                                       "output_path": str(tmp_path / "out"),
+                                       "runs": [{"name": "first", "method": "single", "members": ["smollm2-135m"]},
+                                                {"name": "last", "method": "adafuse", **bad}]}))
+        assert adafuse_main(["eval", str(cfg), "--no_progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "run 'last'" in err and "unknown model" in err and "\n" not in err
+        assert not (tmp_path / "out" / "first").exists()
