@@ -61,6 +61,18 @@ def build_parser(verb: str | None) -> tuple[argparse.ArgumentParser, dict[str, o
     return parser, modules, subparsers
 
 
+LOADS_MODELS = ("generate", "bound", "eval", "tune")
+
+
+def _quiet_transformers(verb: str) -> None:
+    """Our progress bars and errors are the CLI's output: transformers' weight-loading bars are not
+    (verbs that load models import transformers anyway)."""
+    if verb in LOADS_MODELS:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
@@ -68,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # the verb's usage, not the top level's
         subparsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    _quiet_transformers(args.command)
     try:
         return int(modules[args.command].run(args) or 0)
     except AdafuseError as exc:

@@ -61,9 +61,13 @@ def run(args: argparse.Namespace) -> int:
     total = sum(o.num_tokens for o in outs)
     for out in outs:
         print(out.text)
+        if gen.drafter is None:  # plain decoding: speculation figures would mean nothing
+            print(f"-- {out.num_tokens} tokens, {out.finish_reason}")
+            continue
         st = out.stats
         acc = ", ".join(f"{a:.2f}" for a in st.get("acceptance_by_depth", [])) or "-"
         print(f"-- {out.num_tokens} tokens, {out.finish_reason}, block efficiency {st.get('block_efficiency', 1.0):.2f} "
               f"tokens/target forward, mean accepted {st.get('mean_accepted_length', 0.0):.2f}, acceptance by depth [{acc}]")
-    print(f"-- {total} tokens in {wall:.1f}s: {total / max(wall, 1e-9):.2f} tok/s ({gen!r})")
+    what = gen if gen.drafter is not None else f"{target.name}, plain decoding"
+    print(f"-- {total} tokens in {wall:.1f}s: {total / max(wall, 1e-9):.2f} tok/s ({what!s})")
     return 0

@@ -222,6 +222,7 @@ def test_cli_generate_with_and_without_drafter(tmp_path, capsys):
     sampled = capsys.readouterr().out
     assert plain.splitlines()[0] == spec.splitlines()[0]  # greedy: same text
     assert "block efficiency" in spec and "tok/s" in spec and "acceptance by depth" in sampled
+    assert "block efficiency" not in plain and "plain decoding" in plain  # no speculation figures without a drafter
 
 
 def test_make_drafter_specs_and_default_shapes(pair):
