@@ -22,41 +22,22 @@ import itertools
 import json
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from runtime.errors import ConfigError
 from eval import methods as eval_methods
-from eval.config import RunSpec, TaskSpec
+from eval.config import TaskSpec
 from eval.data import resolve_data_dir
 from eval.runner import PREDICTIONS, read_predictions, run_task
 from eval.tune_config import MethodGrid, TuneConfig, TuneSpec
+from eval.tune_report import write_outputs
+from eval.tune_results import Candidate, Round, Scored, TaskResult
 
 
 # ---------------------------------------------------------------------------------------------
 # candidates
-
-
-@dataclass
-class Candidate:
-    """One system scored on dev: a member alone (`single`) or an ensemble; `name` is its folder."""
-
-    name: str
-    method: str
-    members: list[str]
-    options: dict[str, Any] = field(default_factory=dict)
-    label: str = ""
-    prior: float = 0.0
-
-    @property
-    def is_single(self) -> bool:
-        """A member alone (the baselines every tune keeps)."""
-        return self.method == "single"
-
-    def run(self) -> RunSpec:
-        """The eval run of this candidate (its name is its folder under OUT/candidates)."""
-        return RunSpec(name=self.name, method=self.method, members=list(self.members), options=dict(self.options))
 
 
 def single(member: str) -> Candidate:
@@ -128,17 +109,6 @@ def _subset_candidates(mg: MethodGrid, subset: list[str], prior: dict[str, float
 # successive halving
 
 
-@dataclass
-class Round:
-    """One halving round: the rows scored, the ranking (best first), and who went on."""
-
-    index: int
-    rows: int
-    ranked: list[str]
-    kept: list[str]
-    scores: dict[str, float]
-
-
 def _key(score: float | None) -> float:
     """A sortable score: NaN / None rank last."""
     return -math.inf if score is None or math.isnan(score) else score
@@ -176,24 +146,6 @@ def successive_halving(names: list[str], score: Callable[[str, int], float], *, 
 # the search
 
 
-@dataclass
-class Scored:
-    """A candidate's latest dev result."""
-
-    cand: Candidate
-    rows: int
-    metrics: dict[str, Any]
-    outcome: str = ""
-
-    @property
-    def score(self) -> float:
-        return self.metrics["score"]
-
-    def cost_key(self) -> tuple:
-        """Cheaper first: fewer members, fewer forward passes per example, then the name."""
-        return (len(self.cand.members), self.metrics.get("forward_passes_per_example") or 0.0, self.cand.name)
-
-
 def choose(singles: list[Scored], finalists: list[Scored], min_gain: float = 0.0) -> tuple[Scored, Scored]:
     """(chosen, best single) on the same dev rows: the highest score, ties to the cheaper run; an
     ensemble must beat the best single by more than `min_gain`, so the choice is never worse on dev."""
@@ -203,21 +155,6 @@ def choose(singles: list[Scored], finalists: list[Scored], min_gain: float = 0.0
     if not top.cand.is_single and not _key(top.score) > _key(best_single.score) + min_gain:
         top = best_single
     return top, best_single
-
-
-@dataclass
-class TaskResult:
-    """What one task's tune found: every candidate's latest result, the rounds, the choice."""
-
-    task: TaskSpec
-    dev_ids: list[Any]
-    singles: list[Scored]
-    kept: list[str]
-    scored: dict[str, Scored]
-    rounds: list[Round]
-    chosen: Scored
-    best_single: Scored
-    paired: dict[str, Any] = field(default_factory=dict)
 
 
 class Tuner:
@@ -315,8 +252,6 @@ class Tuner:
 
     def run(self) -> list[TaskResult]:
         """Tune every task; write `dev_table.md` and the tuned config(s) once all are done."""
-        from eval.tune_report import write_outputs
-
         self.event("start", config=self.cfg.source, tasks=[t.name for t in self.cfg.eval.tasks],
                    members=self.cfg.tune.members, dev_rows=self.cfg.tune.dev_rows)
         results = [self.tune_task(spec) for spec in self.cfg.eval.tasks]

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from eval.tune import Scored, TaskResult
+from eval.tune_results import Scored, TaskResult
 from eval.tune_config import TuneConfig
 
 TUNED_RUN = "tuned"
