@@ -165,6 +165,34 @@ class Member:
 
     # ---- plain decoding --------------------------------------------------------------------
     @torch.no_grad()
+    def decode_plain(self, state: "KVState", max_new_tokens: int, stop: Sequence[str] | StopStrings = (),
+                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                     generators: list[torch.Generator] | None = None
+                     ) -> tuple[list[str], list[str], list[list[int]]]:
+        """Plain decoding of every row of an existing `state` until each row finishes (EOS, a stop
+        string, `max_new_tokens`): (texts, finish reasons, new token ids). Row r samples from
+        `generators[r]` when given. The state holds every new token but each row's last."""
+        stops = stop if isinstance(stop, StopStrings) else StopStrings(stop)
+        rows = state.batch_size
+        new_ids: list[list[int]] = [[] for _ in range(rows)]
+        texts = ["" for _ in range(rows)]
+        finish: list[str | None] = [None] * rows
+        while any(f is None for f in finish):
+            probs = state.next_probs(temperature, top_k, top_p)
+            tokens = probs.argmax(-1) if temperature == 0 else sample(probs, generators)
+            feed: list[list[int]] = []
+            for b, tok in enumerate(tokens.tolist()):
+                if finish[b] is not None:
+                    feed.append([])
+                    continue
+                new_ids[b].append(tok)
+                finish[b], texts[b] = check_finished(self, new_ids[b], stops, max_new_tokens)
+                feed.append([] if finish[b] is not None else [tok])
+            if any(feed):
+                state.append(feed, return_logits=False)
+        return texts, finish, new_ids
+
+    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[str],
@@ -183,22 +211,7 @@ class Member:
         prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
         gens = make_generators(len(prompts), seed, self.device)
         state = self.start(prompt_ids)
-        new_ids: list[list[int]] = [[] for _ in prompts]
-        texts = ["" for _ in prompts]
-        finish = [None] * len(prompts)
-        while any(f is None for f in finish):
-            probs = state.next_probs(temperature, top_k, top_p)
-            tokens = probs.argmax(-1) if temperature == 0 else sample(probs, gens)
-            feed: list[list[int]] = []
-            for b, tok in enumerate(tokens.tolist()):
-                if finish[b] is not None:
-                    feed.append([])
-                    continue
-                new_ids[b].append(tok)
-                finish[b], texts[b] = check_finished(self, new_ids[b], stops, max_new_tokens)
-                feed.append([] if finish[b] is not None else [tok])
-            if any(feed):
-                state.append(feed, return_logits=False)
+        texts, finish, new_ids = self.decode_plain(state, max_new_tokens, stops, temperature, top_k, top_p, gens)
         cost = meter.cost()
         outs = [GenerationOutput(texts[b], len(new_ids[b]), finish[b], cost if b == 0 else Cost(wall_time_s=0.0))
                 for b in range(len(prompts))]

@@ -27,9 +27,8 @@ import torch
 from adafuse.methods.base import GenerationRequest, Method, run_method
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 from runtime.errors import ConfigError
-from runtime.member import END_OF_TURN_TOKENS, Member, check_finished
+from runtime.member import END_OF_TURN_TOKENS, Member
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
-from runtime.sampling import sample
 
 METHOD = "sample-rerank"
 SEED_STRIDE = 1_000_003  # seed offset between (member, sample) runs; row b adds b, as member.generate does
@@ -92,30 +91,6 @@ def end_token(member: Member, chat: bool | None) -> int | None:
     return min(member.eos_token_ids) if member.eos_token_ids else None
 
 
-def decode(member: Member, state, generators, temperature: float, stop: Sequence[str],
-           max_new_tokens: int) -> tuple[list[str], list[str], list[list[int]]]:
-    """Plain decoding of every row of `state` (as `Member.generate` does): (texts, finish reasons,
-    new token ids). Row r samples from `generators[r]` when given."""
-    R = state.batch_size
-    new_ids: list[list[int]] = [[] for _ in range(R)]
-    texts = ["" for _ in range(R)]
-    finish: list[str | None] = [None] * R
-    while any(f is None for f in finish):
-        probs = state.next_probs(temperature)
-        tokens = probs.argmax(-1) if temperature == 0 else sample(probs, generators)
-        feed: list[list[int]] = []
-        for r, tok in enumerate(tokens.tolist()):
-            if finish[r] is not None:
-                feed.append([])
-                continue
-            new_ids[r].append(tok)
-            finish[r], texts[r] = check_finished(member, new_ids[r], stop, max_new_tokens)
-            feed.append([] if finish[r] is not None else [tok])
-        if any(feed):
-            state.append(feed, return_logits=False)
-    return texts, finish, new_ids
-
-
 def matched_stop(member: Member, new_ids: Sequence[int], text: str, stop: Sequence[str]) -> str:
     """The stop string a row ended at (the one `check_finished` cut at)."""
     raw = member.decode(new_ids)
@@ -140,8 +115,8 @@ def write_answers(members: Sequence[Member], request: GenerationRequest, n: int,
         if seed is not None:
             gens = [torch.Generator(device=member.device).manual_seed(int(seed) + SEED_STRIDE * (m * n + j) + b)
                     for b, j in rows]
-        texts, finish, new_ids = decode(member, state, gens, temperature, request.stop.stops,
-                                        request.max_new_tokens)
+        texts, finish, new_ids = member.decode_plain(state, request.max_new_tokens, request.stop, temperature,
+                                                     generators=gens)
         ends = [matched_stop(member, ids, text, request.stop.stops) if f == "stop" else ""
                 for ids, text, f in zip(new_ids, texts, finish)]
         state.rollback([len(prompt_ids[b]) for b, _ in rows])
