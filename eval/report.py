@@ -10,6 +10,14 @@ from typing import Any
 
 from runtime.errors import ConfigError
 
+PERCENT_METRICS = ("exact_match", "exact_match_number", "f1")  # shown in %, as the table does
+
+
+def scale(metric: str) -> float:
+    """100 for metrics reported in percent, else 1 (BLEU and chrF are already on a 0-100 scale)."""
+    return 100.0 if metric in PERCENT_METRICS else 1.0
+
+
 COST_AXES = {"forward_passes": "forward passes / example", "wall_s": "wall s / example",
              "tokens_processed": "tokens processed / example"}
 
@@ -55,12 +63,11 @@ def _num(x: Any, fmt: str) -> str:
 
 
 def _score(row: dict[str, Any]) -> str:
-    scale = 100.0 if row["primary_metric"] in ("exact_match", "exact_match_number", "f1") else 1.0
+    k = scale(row["primary_metric"])
     lo, hi = row.get("ci95") or [None, None]
     if row["score"] is None or lo is None or math.isnan(row["score"]):
         return "-"
-    half = (hi - lo) / 2 * scale
-    return f"{row['score'] * scale:.1f} ± {half:.1f}"
+    return f"{row['score'] * k:.1f} ± {(hi - lo) / 2 * k:.1f}"
 
 
 def _others(row: dict[str, Any]) -> str:
@@ -69,8 +76,7 @@ def _others(row: dict[str, Any]) -> str:
     for name, m in (row.get("metrics") or {}).items():
         if name == row["primary_metric"] or not isinstance(m, dict) or m.get("value") is None:
             continue
-        scale = 100.0 if name in ("exact_match", "exact_match_number", "f1") else 1.0
-        out.append(f"{name} {m['value'] * scale:.1f}")
+        out.append(f"{name} {m['value'] * scale(name):.1f}")
     return ", ".join(out) or "-"
 
 
@@ -91,7 +97,9 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: str | Path, cost: str = "wall_s") -> Path:
-    """Score vs cost per example, one panel per task, one labelled point (with CI bar) per run."""
+    """Score vs cost per example, one panel per task, one point (with its CI bar) per run, on the
+    table's scale (percent for accuracy-type metrics); runs are told apart by colour and marker in
+    one legend below the panels, so labels never overlap."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,20 +110,29 @@ def plot(rows: list[dict[str, Any]], path: str | Path, cost: str = "wall_s") -> 
     tasks = sorted({r["task"] for r in rows})
     runs = list(dict.fromkeys(r["run"] for r in rows))
     colors = {run: plt.get_cmap("tab10")(i % 10) for i, run in enumerate(runs)}  # one colour per run everywhere
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.8), squeeze=False)
+    markers = {run: "os^Dv<>pX*"[i % 10] for i, run in enumerate(runs)}
+    width = max(6.0, 4.5 * len(tasks))
+    ncol = max(1, int(width // 2.6))
+    legend_rows = (len(runs) + ncol - 1) // ncol
+    fig, axes = plt.subplots(1, len(tasks), figsize=(width, 3.8 + 0.25 * legend_rows), squeeze=False)
+    handles: dict[str, Any] = {}
     for ax, task in zip(axes[0], tasks):
+        metric = next((r["primary_metric"] for r in rows if r["task"] == task), "score")
+        k = scale(metric)
         for r in (r for r in rows if r["task"] == task):
             x, y = r.get(key), r.get("score")
             if x is None or y is None or math.isnan(y):
                 continue
             lo, hi = r.get("ci95") or [y, y]
-            ax.errorbar([x], [y], yerr=[[max(y - lo, 0)], [max(hi - y, 0)]], fmt="o", capsize=3, color=colors[r["run"]])
-            ax.annotate(r["run"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            handles[r["run"]] = ax.errorbar([x], [y * k], yerr=[[max(y - lo, 0) * k], [max(hi - y, 0) * k]],
+                                            fmt=markers[r["run"]], capsize=3, color=colors[r["run"]])
         ax.set_title(task)
         ax.set_xlabel(COST_AXES[cost])
-        ax.set_ylabel(next((r["primary_metric"] for r in rows if r["task"] == task), "score"))
+        ax.set_ylabel(f"{metric} (%)" if k == 100.0 else metric)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.legend([handles[r] for r in runs if r in handles], [r for r in runs if r in handles], loc="lower center",
+               ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.25 * legend_rows / (3.8 + 0.25 * legend_rows) + 0.02, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -195,9 +212,8 @@ def word_table(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
 
 
 def _diff(d) -> str:
-    scale = 100.0 if d.metric in ("exact_match", "exact_match_number", "f1") else 1.0
-    star = "*" if d.significant else ""
-    return (f"{d.metric} {d.diff * scale:+.1f} [{d.ci_low * scale:+.1f}, {d.ci_high * scale:+.1f}]{star}")
+    k, star = scale(d.metric), "*" if d.significant else ""
+    return f"{d.metric} {d.diff * k:+.1f} [{d.ci_low * k:+.1f}, {d.ci_high * k:+.1f}]{star}"
 
 
 def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: str = "wall_s",
