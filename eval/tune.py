@@ -157,6 +157,14 @@ def choose(singles: list[Scored], finalists: list[Scored], min_gain: float = 0.0
     return top, best_single
 
 
+def choose_on(metrics: dict[str, Any], metric: str | None) -> dict[str, Any]:
+    """A run's metrics with `score` / `primary_metric` set to the metric the tune chooses on (the
+    task's own primary when `metric` is None); the file on disk is not changed."""
+    if metric is None or metric == metrics["primary_metric"]:
+        return metrics
+    return {**metrics, "score": metrics["metrics"][metric]["value"], "primary_metric": metric}
+
+
 class Tuner:
     """Runs `tune_task` for each task of a `TuneConfig`, into `cfg.eval.output_path`; `log` gets the
     progress lines, `tune.jsonl` the events."""
@@ -190,6 +198,7 @@ class Tuner:
                            get_generator=lambda: eval_methods.build_generator(run.method, run.members, **run.options),
                            seed=self.cfg.eval.seed, batch_size=self.cfg.eval.batch_size, bootstrap=self.cfg.eval.bootstrap,
                            progress=self.progress)
+        metrics = choose_on(metrics, self.cfg.tune.metric)
         self.event("score", task=dev.name, stage=stage, candidate=cand.name, method=cand.method, members=cand.members,
                    options=cand.options, rows=rows, score=metrics["score"], metric=metrics["primary_metric"])
         self.log(f"[{dev.name}] {stage}: {cand.name} ({cand.label}) {metrics['primary_metric']} = "
@@ -207,8 +216,9 @@ class Tuner:
         dev, ids = self.dev_spec(spec)
         singles = [self.score(single(m), dev, tune.dev_rows, "stage 0") for m in tune.members]
         prior = {s.cand.members[0]: _key(s.score) for s in singles}
-        rank = {s.cand.members[0]: tuple(_key(s.metrics["metrics"][m]["value"]) for m in dev.task.metric_names)
-                for s in singles}
+        order = [tune.metric] if tune.metric else []
+        order += [m for m in dev.task.metric_names if m not in order]
+        rank = {s.cand.members[0]: tuple(_key(s.metrics["metrics"][m]["value"]) for m in order) for s in singles}
         cands, kept = build_candidates(tune, prior, rank)
         plan = halving_schedule(len(cands), tune.min_rows, tune.eta, tune.dev_rows)
         self.event("plan", task=spec.name, prior=prior, kept=kept, candidates=[c.name for c in cands], rounds=plan)

@@ -14,6 +14,7 @@ config will evaluate, seed, batch_size, data_dir, bootstrap, output_path) plus a
       lead: best              # best: the subset's best member alone leads | all: each member in turn
       weights: [uniform, dev] # uniform, and/or proportional to the members' dev scores
       min_gain: 0.0           # an ensemble is chosen only if it beats the best single by more than this
+      metric: f1              # the task metric to choose on (default: the task's first, e.g. exact_match)
       max_candidates: null    # at most this many ensembles, the highest prior (mean member score) first
       methods:                # any method and any option grid (every combination is a candidate)
         - {method: adafuse, options: {span: 3}, grid: {threshold: [0.5, 0.7], candidates: [2, 4]}}
@@ -55,6 +56,7 @@ TUNE_SCHEMA: dict[str, Field] = {
     "weights": Field((list,), item=Field((str,), choices=WEIGHTS)),
     "min_gain": Field((float,)),
     "max_candidates": Field((int, type(None))),
+    "metric": Field((str,)),
     "methods": Field((list,), required=True, item=Field((dict,), fields=METHOD_ENTRY)),
 }
 
@@ -90,6 +92,7 @@ class TuneSpec:
     weights: list[str] = field(default_factory=lambda: ["uniform"])
     min_gain: float = 0.0
     max_candidates: int | None = None
+    metric: str | None = None
 
 
 @dataclass
@@ -168,8 +171,9 @@ def parse_tune(data: Any, source: str, *, dev_rows: int | None = None, **overrid
                     eta=raw.get("eta", 2), prune_ratio=float(raw.get("prune_ratio", 0.5)),
                     subset_sizes=raw.get("subset_sizes"), lead=raw.get("lead", "best"),
                     weights=list(raw.get("weights", ["uniform"])), min_gain=float(raw.get("min_gain", 0.0)),
-                    max_candidates=raw.get("max_candidates"))
+                    max_candidates=raw.get("max_candidates"), metric=raw.get("metric"))
     _check_numbers(spec, raw, source)
+    _check_metric(spec, cfg, source)
     return TuneConfig(source=source, eval=cfg, tune=spec)
 
 
@@ -187,6 +191,16 @@ def _check_numbers(spec: TuneSpec, raw: dict[str, Any], source: str) -> None:
         raise _fail(source, "key 'tune.weights' is empty; use [uniform], [dev] or both")
     if spec.max_candidates is not None and spec.max_candidates < 1:
         raise _fail(source, f"key 'tune.max_candidates' must be >= 1, got {spec.max_candidates}")
+
+
+def _check_metric(spec: TuneSpec, cfg: EvalConfig, source: str) -> None:
+    """`tune.metric` must be a metric of every task (a finer one than exact match: e.g. f1 on NQ-open)."""
+    if spec.metric is None:
+        return
+    for t in cfg.tasks:
+        if spec.metric not in t.task.metric_names:
+            raise _fail(source, f"key 'tune.metric': task {t.name} has no metric '{spec.metric}'; "
+                                f"use one of {t.task.metric_names}")
 
 
 def load_tune(path: str | Path, **overrides: Any) -> TuneConfig:

@@ -250,6 +250,17 @@ def test_never_worse_than_the_best_single_and_ties_go_to_the_single(tmp_path: Pa
     assert finalist.score == tie.best_single.score and tie.chosen.cand.name == "b"
 
 
+def test_tune_chooses_on_the_metric_it_is_told(tmp_path: Path, data: Path, scripted) -> None:
+    """`tune.metric: f1` ranks, prunes and chooses on F1 (finer than exact match on few rows)."""
+    result = _tune(data, tmp_path / "f1", metric="f1")
+    for s in result.scored.values():
+        assert s.metrics["primary_metric"] == "f1" and s.score == s.metrics["metrics"]["f1"]["value"]
+    assert result.chosen.cand.method == "adafuse" and result.chosen.score > result.best_single.score
+    assert "dev f1" in (tmp_path / "f1" / "dev_table.md").read_text()
+    on_disk = json.loads((tmp_path / "f1" / "candidates" / "b" / "nq_open" / "metrics.json").read_text())
+    assert on_disk["primary_metric"] == "exact_match"           # the run's own metrics are not rewritten
+
+
 def test_exact_tie_goes_to_the_cheaper_single() -> None:
     from eval.tune import Scored, choose, ensemble, single
 
@@ -345,6 +356,7 @@ def test_bad_tune_configs_are_one_line_errors() -> None:
     # real methods check every grid combination with their own option parser, before any model loads
     assert "threshold=2.0 is invalid" in _err(tune_methods=[{"method": "adafuse", "grid": {"threshold": [0.5, 2.0]}}])
     assert "unknown option 'thresh'" in _err(tune_methods=[{"method": "word-fixed", "grid": {"thresh": [0.5]}}])
+    assert "task nq_open has no metric 'bleu'; use one of ['exact_match', 'f1']" in _err(tune_metric="bleu")
     assert "has no 'runs'" in _err(runs=[{"method": "single", "members": ["a"]}])
     assert "drop 'split'" in _err(tasks=[{"name": "nq_open", "split": "dev"}])
     assert "limit 2000 would reach the dev rows" in _err(limit=2000)
