@@ -29,7 +29,7 @@ def _subset(items: list, wanted: str | None, what: str, source: str) -> list:
     if not wanted:
         return items
     names = [w.strip() for w in wanted.split(",") if w.strip()]
-    known = [i.name for i in items]
+    known = list(dict.fromkeys(i.name for i in items))
     missing = [n for n in names if n not in known]
     if missing:
         raise ConfigError(f"{source}: no {what} named {', '.join(missing)} (has: {', '.join(known)})")

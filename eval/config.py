@@ -43,6 +43,7 @@ RUN = {
     "method": Field((str,), required=True),
     "members": Field((list,), required=True, item=Field((str,))),
     "options": Field((dict,)),
+    "tasks": Field((list,), item=Field((str,))),
 }
 CONFIG_SCHEMA: dict[str, Field] = {
     "description": Field((str,)),
@@ -87,6 +88,15 @@ class RunSpec:
     method: str
     members: list[str]
     options: dict[str, Any] = field(default_factory=dict)
+    tasks: list[str] | None = None        # only these of the config's tasks (None: all of them)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as a config entry (`tasks` only when set)."""
+        return {k: v for k, v in asdict(self).items() if k != "tasks" or v is not None}
+
+    def runs_on(self, task: str) -> bool:
+        """Whether this run is evaluated on `task`."""
+        return self.tasks is None or task in self.tasks
 
 
 @dataclass
@@ -107,7 +117,7 @@ class EvalConfig:
         """The resolved config (what `config.yaml` in the output folder records)."""
         return {"source": self.source, "description": self.description, "output_path": self.output_path,
                 "data_dir": self.data_dir, "seed": self.seed, "batch_size": self.batch_size, "bootstrap": self.bootstrap,
-                "tasks": [t.to_dict() for t in self.tasks], "runs": [asdict(r) for r in self.runs]}
+                "tasks": [t.to_dict() for t in self.tasks], "runs": [r.to_dict() for r in self.runs]}
 
 
 def _positive(value: Any, key: str, source: str, minimum: int = 1) -> None:
@@ -134,6 +144,23 @@ def _tune_runs(data: dict[str, Any], source: str) -> dict[str, Any]:
     return {**data, "runs": [{"name": m, "method": "single", "members": [m]} for m in members]}
 
 
+def _check_run_tasks(runs: list[RunSpec], tasks: list[str], source: str) -> None:
+    """A run's `tasks` name tasks of the config; two runs share a name only on disjoint tasks (one
+    row per task in the report, e.g. each task's tuned ensemble under one name)."""
+    for i, run in enumerate(runs):
+        if run.tasks is not None:
+            unknown = [t for t in run.tasks if t not in tasks]
+            if not run.tasks or unknown:
+                raise ConfigError(f"{source}: key 'runs[{i}].tasks' must list tasks of this config ({', '.join(tasks)}), "
+                                  f"got {run.tasks}")
+    for task in tasks:
+        names = [r.name for r in runs if r.runs_on(task)]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"{source}: run name(s) {', '.join(dupes)} used twice on task {task}; give each run a "
+                              f"distinct 'name' (or disjoint 'tasks')")
+
+
 def parse_config(data: Any, source: str = "<config>", *, limit: int | None = None, output_path: str | None = None,
                  seed: int | None = None, batch_size: int | None = None, data_dir: str | None = None) -> EvalConfig:
     """Validate a config mapping and resolve it; keyword arguments are command-line overrides."""
@@ -157,11 +184,8 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         name = r.get("name") or (r["members"][0] if r["method"] == "single" else r["method"])
         if any(ch in name for ch in "/\\") or name in (".", ".."):
             raise ConfigError(f"{source}: key '{where}name' must not contain '/' ({name!r})")
-        runs.append(RunSpec(name=name, method=r["method"], members=list(r["members"]), options=dict(r.get("options") or {})))
-    names = [r.name for r in runs]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ConfigError(f"{source}: run name(s) {', '.join(dupes)} used twice; give each run a distinct 'name'")
+        runs.append(RunSpec(name=name, method=r["method"], members=list(r["members"]), options=dict(r.get("options") or {}),
+                            tasks=list(r["tasks"]) if "tasks" in r else None))
 
     raw_tasks = data["tasks"] if isinstance(data["tasks"], list) else [data["tasks"]]
     if not raw_tasks:
@@ -189,6 +213,7 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
                               temperature=float(gen.get("temperature", 0.0))))
     if len({t.name for t in tasks}) != len(tasks):
         raise ConfigError(f"{source}: a task is listed twice in 'tasks'")
+    _check_run_tasks(runs, [t.name for t in tasks], source)
 
     cfg = EvalConfig(
         source=source, tasks=tasks, runs=runs, description=data.get("description", ""),

@@ -12,7 +12,6 @@ import math
 import os
 import time
 from pathlib import Path
-from dataclasses import asdict
 from typing import Any, Callable
 
 import yaml
@@ -201,7 +200,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], Non
     out.mkdir(parents=True, exist_ok=True)
     resolved = {**cfg.to_dict(), "data_dir": str(data_dir)}
     if recorded_runs is not None:
-        resolved["runs"] = [asdict(r) for r in recorded_runs]
+        resolved["runs"] = [r.to_dict() for r in recorded_runs]
     (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True), encoding="utf-8")
     results = []
     for run in cfg.runs:
@@ -212,7 +211,7 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], Non
                 cache["g"] = build_generator(run.method, run.members, **run.options)
             return cache["g"]
 
-        for spec in cfg.tasks:
+        for spec in (t for t in cfg.tasks if run.runs_on(t.name)):
             folder = out / run.name / spec.name
             metrics = run_task(run, spec, folder, data_dir, get_generator=get_generator, seed=cfg.seed,
                                batch_size=cfg.batch_size, bootstrap=cfg.bootstrap, progress=progress, shard=shard)

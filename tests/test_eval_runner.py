@@ -213,6 +213,28 @@ def test_running_a_subset_keeps_the_config_order(tmp_path: Path, data: Path) -> 
     assert [r["run"] for r in collect([out])] == ["a", "b"]
 
 
+def test_a_run_limited_to_some_tasks(tmp_path: Path, data: Path) -> None:
+    """`tasks:` on a run: it is evaluated on those tasks only, and two runs may share a name on
+    disjoint tasks (e.g. each task's tuned ensemble as one report row)."""
+    out = tmp_path / "out"
+    cfg = parse_config(_cfg(data, out, tasks=("gsm8k", "nq_open"), limit=2, runs=[
+        {"name": "alone", "method": "fake", "members": ["m1"]},
+        {"name": "tuned", "method": "fake", "members": ["m1", "m2"], "tasks": ["gsm8k"]},
+        {"name": "tuned", "method": "fake", "members": ["m2"], "options": {"mode": "echo"}, "tasks": ["nq_open"]}]), "c.yaml")
+    results = evaluate(cfg, progress=False, log=None)
+    assert [(m["run"], m["task"]) for m in results] == [("alone", "gsm8k"), ("alone", "nq_open"),
+                                                         ("tuned", "gsm8k"), ("tuned", "nq_open")]
+    assert sorted(p.name for p in (out / "tuned").iterdir()) == ["gsm8k", "nq_open"]
+    assert all(len(_lines(out / "tuned" / t / "predictions.jsonl")) == 2 for t in ("gsm8k", "nq_open"))
+    saved = yaml.safe_load((out / "config.yaml").read_text())["runs"]
+    assert "tasks" not in saved[0] and saved[2]["tasks"] == ["nq_open"]
+    with pytest.raises(ConfigError, match="used twice on task gsm8k"):
+        parse_config(_cfg(data, out, runs=[{"name": "t", "method": "fake", "members": ["m1"]},
+                                           {"name": "t", "method": "fake", "members": ["m2"], "tasks": ["gsm8k"]}]), "c.yaml")
+    with pytest.raises(ConfigError, match=r"runs\[0\].tasks' must list tasks of this config \(gsm8k\)"):
+        parse_config(_cfg(data, out, runs=[{"name": "t", "method": "fake", "members": ["m1"], "tasks": ["wmt"]}]), "c.yaml")
+
+
 def test_shards_split_a_run_over_processes(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
     whole = evaluate(parse_config(_cfg(data, tmp_path / "whole", limit=7), "x.yaml"), progress=False, log=None)
     cfg_path = tmp_path / "c.yaml"
