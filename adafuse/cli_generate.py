@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top_k", type=int, default=0)
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="auto: the fast one on this CPU, measured (adafuse models dtype)")
     parser.add_argument("--raw", action="store_true", help="do not wrap prompts in the chat template")
     generate_cli.add_arguments(parser)
     ensemble_cli.add_arguments(parser)

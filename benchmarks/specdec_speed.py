@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter", default="qwen2.5-coder-0.5b")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per dataset (GSM8K and WMT22 de-en)")
     ap.add_argument("--max_new_tokens", type=int, default=128)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+                    help="auto: the fast one on this CPU, measured (adafuse models dtype)")
     ap.add_argument("--drafter_dtype", default=None, help="default: --dtype")
     ap.add_argument("--temperatures", default="0,0.7")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))

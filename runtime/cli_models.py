@@ -1,4 +1,4 @@
-"""`adafuse models list|fetch|path`: the registry (`runtime.registry`) from the command line."""
+"""`adafuse models list|fetch|path|dtype`: the registry (`runtime.registry`) from the command line."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fetch.add_argument("--force", action="store_true", help="convert again even if the model is ready")
     path = sub.add_parser("path", help="print the cached folder of a model")
     path.add_argument("name", metavar="NAME")
+    dtype = sub.add_parser("dtype", help="the fast dtype on this CPU (what dtype=auto picks), measured once and cached")
+    dtype.add_argument("--remeasure", action="store_true", help="measure again instead of reading the cache")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,5 +38,10 @@ def run(args: argparse.Namespace) -> int:
         if not registry.is_ready(args.name):
             registry.resolve(args.name)  # raises the "run: adafuse models fetch" error
         print(registry.model_dir(args.name))
+        return 0
+    if args.models_command == "dtype":
+        from runtime.dtype_choice import fastest_dtype
+
+        print(fastest_dtype("cpu", remeasure=args.remeasure).describe())
         return 0
     return 2

@@ -259,7 +259,7 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     if name_or_path in registry.REGISTRY:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     display, where = registry.resolve(name_or_path)
-    torch_dtype = resolve_dtype(dtype)
+    torch_dtype = resolve_dtype(dtype, device)
     if check_memory:
         registry.check_memory([name_or_path], str(torch_dtype).replace("torch.", ""))
     tok = AutoTokenizer.from_pretrained(str(where))
@@ -279,13 +279,19 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     return Member(model, tok, name=display, use_chat_template=use_chat_template)
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """A torch dtype from its name; "auto": the fast one on `device`, measured on this CPU
+    (`runtime.dtype_choice.fastest_dtype`, cached per CPU)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        from runtime.dtype_choice import fastest_dtype
+
+        return resolve_dtype(fastest_dtype(device).dtype)
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
         from runtime.errors import ConfigError
 
-        raise ConfigError(f"unknown dtype '{dtype}'; use one of: float32, bfloat16, float16")
+        raise ConfigError(f"unknown dtype '{dtype}'; use one of: auto, float32, bfloat16, float16")
     return table[dtype]
