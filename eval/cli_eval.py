@@ -50,7 +50,7 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eval.report import markdown_table, plot
+    from eval.report import collect, ensemble_table, markdown_table, plot
     from eval.runner import evaluate
 
     shard = parse_shard(args.shard)
@@ -73,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     if not results:
         return 0
     print(markdown_table(results))
+    buys = ensemble_table(collect([cfg.output_path]))
+    if buys:
+        print("\n" + buys)
     png = plot(results, f"{cfg.output_path}/report.png")
     print(f"\nresults: {cfg.output_path}  plot: {png}")
     return 0

@@ -177,6 +177,40 @@ def paired_table(rows: list[dict[str, Any]], baseline: str, n_resamples: int = 1
     return "\n".join(lines)
 
 
+def _best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(rows, key=lambda r: (r["score"] if r["score"] == r["score"] else -math.inf), default=None)
+
+
+def ensemble_table(rows: list[dict[str, Any]], n_resamples: int = 1000) -> str:
+    """What each ensemble buys, per task: every run of several members against the best of its own
+    members alone (and against the best single run of the table, when that is another model), paired
+    on the same examples (`eval.paired.compare_runs`); '' when no ensemble has a member alone beside it."""
+    from eval.paired import compare_runs
+    from eval.task import get_task
+
+    lines = []
+    for task in sorted({r["task"] for r in rows}):
+        in_task = [r for r in rows if r["task"] == task]
+        singles = [r for r in in_task if r.get("method") == "single"]
+        for ens in (r for r in in_task if len(r.get("members") or []) > 1):
+            own = _best([s for s in singles if s["members"][0] in ens["members"]])
+            overall = _best(singles)
+            for base, label in ((own, "its best member"), (overall, "best single of the table")):
+                if base is None or (label != "its best member" and base is own):
+                    continue
+                diffs, (w, t, l) = compare_runs(get_task(task).metric_list, _records(ens), _records(base),
+                                                n_resamples=n_resamples)
+                cells = [_diff(d) for d in diffs]
+                lines.append(f"| {task} | {ens['run']} | {base['run']} ({label}) | {diffs[0].n} | {cells[0]} | "
+                             f"{', '.join(cells[1:]) or '-'} | {w} / {t} / {l} |")
+    if not lines:
+        return ""
+    return "\n".join([f"What each ensemble buys (paired on the same examples; 95 % paired bootstrap, {n_resamples} "
+                      "draws; * = interval excludes 0):", "",
+                      "| task | ensemble | against | n | Δ primary [CI95] | Δ other [CI95] | win / tie / loss |",
+                      "|---|---|---|--:|---|---|---|", *lines])
+
+
 def word_table(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
     """Why ensembled words are won or lost, per word-level run (from each example's `gen_stats`):
     ensembled words per example, how many of them overruled the lead's own word, which member
@@ -226,6 +260,9 @@ def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: st
     table = markdown_table(rows)
     if baseline:
         table += "\n\n" + paired_table(rows, baseline)
+    buys = ensemble_table(rows)
+    if buys:
+        table += "\n\n" + buys
     words = word_table(rows, baseline)
     if words:
         table += "\n\nWhy ensembled words are won or lost:\n\n" + words

@@ -118,3 +118,27 @@ def test_word_table_counts_overrules_and_flips(tmp_path: Path):
     # 8 ensembled words over 3 examples, 3 overruled; winners a 5/8, b 4/8; lost 1 (id 0, overruled), won 1
     assert row == "| gsm8k | ens | 2.7 | 1.0 | a 62%, b 50% | 1 / 1 |"
     assert "| gsm8k | lead" not in table
+
+
+def test_ensemble_table_compares_each_ensemble_with_its_best_member(tmp_path: Path):
+    from eval.report import ensemble_table
+
+    def write(run, method, members, scores):
+        folder = tmp_path / run / "nq_open"
+        folder.mkdir(parents=True)
+        recs = [{"id": i, "score": s, "metrics": {"exact_match": s, "f1": s}} for i, s in enumerate(scores)]
+        (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return {"_path": str(folder / "metrics.json"), "task": "nq_open", "run": run, "method": method,
+                "members": members, "score": sum(scores) / len(scores)}
+
+    rows = [write("a", "single", ["a"], [1, 0, 0, 0, 1, 0]),
+            write("b", "single", ["b"], [1, 1, 0, 0, 0, 0]),
+            write("big", "single", ["big"], [1, 1, 1, 1, 1, 0]),
+            write("ens", "token-union", ["a", "b"], [1, 1, 0, 0, 1, 1])]
+    table = ensemble_table(rows, n_resamples=200)
+    own = next(line for line in table.splitlines() if "its best member" in line)
+    top = next(line for line in table.splitlines() if "best single of the table" in line)
+    assert own.startswith("| nq_open | ens | a (its best member) | 6 |") and "exact_match +33.3" in own
+    assert own.endswith("| 2 / 4 / 0 |")                      # ens vs a: rows 1, 5 won, none lost
+    assert top.startswith("| nq_open | ens | big (best single of the table) | 6 |") and "exact_match -16.7" in top and top.endswith("| 1 / 3 / 2 |")
+    assert ensemble_table(rows[:3]) == ""                      # no ensemble, no table
