@@ -6,7 +6,8 @@ with `--model adafuse` registered and our tasks (`eval/lm_eval_tasks/`: `adafuse
         --tasks adafuse_gsm8k,adafuse_nq_open --limit 5 --apply_chat_template --fewshot_as_multiturn
 
 lm-eval finds models only in its registry (no entry points), hence this entry: it imports
-`eval.lm_eval_model` (which registers the name) and calls `lm_eval.__main__.cli_evaluate`. Our
+`eval.lm_eval_model` (which registers the name) and does what `lm_eval.__main__.cli_evaluate`
+does, checking `--model adafuse`'s arguments and model names before lm-eval indexes its tasks. Our
 errors are one line, exit code 2; without lm-eval installed, so is the hint to install it.
 """
 from __future__ import annotations
@@ -34,13 +35,26 @@ def with_task_path(argv: list[str]) -> list[str]:
     return [*out, "--include_path", str(TASK_DIR)]
 
 
+def check_model_args(model_args: dict) -> None:
+    """`--model adafuse`'s arguments and model names, checked before lm-eval indexes its tasks
+    (a typo in a member's name is then a one-line error at once, not after a minute)."""
+    from eval.cli_eval import check_model_names
+    from eval.config import RunSpec
+    from eval.lm_eval_model import LMArgs
+
+    spec = LMArgs.parse(**model_args)
+    check_model_names([RunSpec("adafuse", spec.method, spec.members, spec.generator_options(None))], "--model_args")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """lm-eval's `cli_evaluate` (logging, `HarnessCLI` parse and execute) with our model and tasks."""
     from runtime.errors import AdafuseError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         import eval.lm_eval_model  # noqa: F401  (registers --model adafuse)
-        from lm_eval.__main__ import cli_evaluate
+        from lm_eval._cli import HarnessCLI
+        from lm_eval.utils import setup_logging
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "lm_eval":
             raise
@@ -48,7 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.argv = ["lm-eval", *with_task_path(argv)]
     try:
-        cli_evaluate()
+        setup_logging()
+        parser = HarnessCLI()
+        args = parser.parse_args()
+        if getattr(args, "model", None) == "adafuse":
+            check_model_args(dict(getattr(args, "model_args", None) or {}))
+        parser.execute(args)
     except AdafuseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

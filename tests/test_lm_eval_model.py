@@ -240,6 +240,11 @@ def test_cli_puts_our_tasks_on_the_task_path(monkeypatch, capsys):
     assert lm_eval_cli.with_task_path(["--include_path", "/x"]) == ["--include_path", f"/x:{d}"]
     assert lm_eval_cli.with_task_path(["--include_path=/x"]) == [f"--include_path=/x:{d}"]
     assert lm_eval_cli.with_task_path(["--help"]) == ["--help"]
+    with pytest.raises(ConfigError, match="did you mean 'gemma3-270m'"):  # checked before lm-eval indexes tasks
+        lm_eval_cli.check_model_args({"members": "smollm2-135m+gema3-270m", "method": "adafuse"})
+    with pytest.raises(ConfigError, match="gema3-270m"):  # a single member's drafter
+        lm_eval_cli.check_model_args({"members": "smollm2-135m", "drafter": "hybrid:gema3-270m"})
+    lm_eval_cli.check_model_args({"members": "smollm2-135m+gemma3-270m", "drafters": "lookup+none"})
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, "eval.lm_eval_model")
