@@ -108,6 +108,8 @@ def test_generate_until_equals_lm_eval_hf_and_member(folders, one_thread):
     assert [functools.reduce(lambda t, s: t.replace(s, ""), specials, text) for text in got] == \
         _hf(folders["bos"]).generate_until(_gen(contexts, until=["o", "\n"]), disable_tqdm=True)
     assert got == [o.text for o in member.generate(contexts, max_new_tokens=6, stop=["o", "\n"], chat=False)]
+    speculative = AdafuseLM(members=folders["bos"], drafter="lookup", batch_size=2)  # lossless: same greedy text
+    assert speculative.generate_until(_gen(contexts, until=["o", "\n"]), disable_tqdm=True) == got
 
 
 def test_ensemble_loglikelihood_is_the_weighted_mixture(folders, one_thread):
