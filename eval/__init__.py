@@ -14,5 +14,7 @@ Layout (one job per module):
 - `methods`  `build_generator(method, members, **options)`: `single` (member runtime, optionally
              speculative with a `drafter`) or `adafuse.Ensemble` for every ensemble method;
 - `runner`   the resumable loop writing `OUT/<run>/<task>/predictions.jsonl` + `metrics.json`;
-- `cli`, `report`  the two subcommands; `testing` a model-free fake generator and tiny data.
+- `cli`, `report`  the two subcommands; `testing` a model-free fake generator and tiny data;
+- `lm_eval_model`, `lm_eval_scoring`, `lm_eval_cli`, `lm_eval_tasks/`  `--model adafuse` for
+             lm-evaluation-harness (optional: imported only when lm-eval runs it).
 """

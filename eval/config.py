@@ -229,11 +229,34 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
     return cfg
 
 
-def read_yaml(path: str | Path, what: str = "config") -> Any:
-    """The parsed YAML of a config file; a missing file or bad YAML is a one-line ConfigError."""
+def shipped_config_dirs() -> list[Path]:
+    """Where the configs that ship with adafuse are: `eval/configs/` in an installed wheel, the
+    repository's `configs/` in a source checkout (editable install)."""
+    here = Path(__file__).resolve().parent
+    return [d for d in (here / "configs", here.parent / "configs") if d.is_dir()]
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """`path` when it exists; else, for `configs/NAME.yaml` or a bare `NAME[.yaml]`, the shipped
+    config of that name (so `adafuse eval configs/quickstart.yaml` works from any folder)."""
     path = Path(path)
+    if path.is_file() or len(path.parts) > 2 or (len(path.parts) == 2 and path.parts[0] != "configs"):
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    for folder in shipped_config_dirs():
+        if (folder / name).is_file():
+            return folder / name
+    return path
+
+
+def read_yaml(path: str | Path, what: str = "config") -> Any:
+    """The parsed YAML of a config file (`resolve_config_path`); a missing file or bad YAML is a
+    one-line ConfigError."""
+    path = resolve_config_path(path)
     if not path.is_file():
-        raise ConfigError(f"{what} file not found: {path}")
+        shipped = sorted({p.stem for d in shipped_config_dirs() for p in d.glob("*.yaml")})
+        hint = f" (shipped configs: {', '.join(shipped)})" if shipped else ""
+        raise ConfigError(f"{what} file not found: {path}{hint}")
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
