@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lm_eval")  # an optional dependency: pip install 'adafuse[lm-eval]'
-
+# lm-eval is an optional dependency of the package (pip install 'adafuse[lm-eval]') and part of the
+# test extra, so these tests run wherever the tests do (no skip).
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from eval import lm_eval_cli  # noqa: E402
