@@ -3,6 +3,7 @@ run every run x task of an experiment config, write predictions/metrics, print t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from runtime.errors import ConfigError
@@ -49,11 +50,25 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return k, n
 
 
+LAUNCHER_ENV = (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
+
+
+def launcher_shard(env: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """(rank, world size) when a distributed launcher started this process (`accelerate launch`,
+    `torchrun`, `mpirun`: the first of RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_* that is set), so each
+    process takes its shard of the examples; None for a single process."""
+    env = os.environ if env is None else env
+    for rank_key, size_key in LAUNCHER_ENV:
+        if env.get(size_key) and int(env[size_key]) > 1:
+            return parse_shard(f"{int(env.get(rank_key, 0))}/{int(env[size_key])}")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from eval.report import collect, ensemble_table, markdown_table, plot
     from eval.runner import evaluate
 
-    shard = parse_shard(args.shard)
+    shard = parse_shard(args.shard) or launcher_shard()
 
     cfg = load_config(args.config, limit=args.limit, output_path=args.output_path, seed=args.seed,
                       batch_size=args.batch_size, data_dir=args.data_dir)
