@@ -12,7 +12,7 @@ Operations (one model forward each, plus one that re-feeds rows rolled back befo
 - `rollback(lengths)`           shorten rows (the last logits are refreshed lazily);
 - `load_prefix` / `extend_without_logits`  prefill from chunk KV (`runtime.prefix_cache`).
 
-Every forward checks the logits it was asked for once (`torch.isfinite(...).all()`): NaN / inf
+Every forward checks the logits it was asked for once (`torch.isfinite` of their sum): NaN / inf
 (a bf16 overflow, broken weights) raise `runtime.errors.NonFiniteLogitsError` naming the member,
 rather than being sampled from.
 
@@ -95,7 +95,9 @@ class KVState:
         plan = LogitsPlan.make(keep, tokens, inputs.valid, at, device=device)
         logits, compacted = self._run_model(inputs, plan, device)
         out = plan.read(logits, compacted)
-        if out is not None and not bool(torch.isfinite(out).all()):  # one check per forward
+        # one check per forward: a sum of logits is finite iff every entry is (they are far from float32's
+        # range), and summing costs ~1/20 of isfinite(out).all(); filler positions are told apart on failure
+        if out is not None and not bool(torch.isfinite(out.sum())):
             self._refuse_non_finite(out, plan)
         pos = inputs.position_ids
         new_pos = torch.where(inputs.valid, pos, torch.full_like(pos, -1)).to(device)
