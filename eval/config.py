@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from runtime.errors import ConfigError
+from runtime.files import read_text
 from eval.methods import known_methods
 from eval.schema import Field, validate
 from eval.task import Task, get_task
@@ -221,17 +222,7 @@ def read_yaml(path: str | Path, what: str = "config") -> Any:
         raise ConfigError(f"{what} {path} is a folder; give the path of a {what} YAML file (see configs/)")
     if not path.is_file():
         raise ConfigError(f"{what} file not found: {path}")
-    raw = path.read_bytes()
-    if b"\0" in raw:
-        raise ConfigError(f"{path} is a binary file, not a YAML {what}; give a {what} YAML file (see configs/)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: line {line} is not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the file "
-                          f"as UTF-8") from None
-    if not text.strip():
-        raise ConfigError(f"{path} is empty; write the {what} in it (examples: configs/)")
+    text = read_text(path, f"a YAML {what}", "write it as UTF-8 YAML text (examples: configs/)", ConfigError)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

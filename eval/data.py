@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime.errors import ConfigError
+from runtime.files import read_text
 
 Doc = dict[str, Any]
 SPLITS = ("test", "dev")
@@ -71,17 +72,7 @@ def _require(path: Path) -> Path:
 def _text_lines(path: Path) -> list[str]:
     """The lines of a UTF-8 text file (no newlines); a binary or non-UTF-8 file, or one without any
     text, is a one-line DataError naming the file (and the line)."""
-    raw = _require(path).read_bytes()
-    if b"\0" in raw:
-        raise DataError(f"{path} is a binary file, not benchmark text; restore it (see {DATA_HINT.split('; ')[0]})")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(f"{path}: line {line} is not UTF-8 text (byte 0x{raw[exc.start]:02x}); fix or restore the "
-                        f"file") from None
-    if not text.strip():
-        raise DataError(f"{path} is empty; restore the benchmark file")
+    text = read_text(_require(path), "benchmark text", "fix or restore the file", DataError)
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines, as open() reads
     return lines[:-1] if lines[-1] == "" else lines
 

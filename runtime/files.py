@@ -3,6 +3,8 @@
 - `write_text_atomic(path, text)` / `write_json_atomic(path, data)`: the new content goes to a temp
   file in the same folder, is flushed and fsynced, then `os.replace`d over `path`: a reader (or a
   process resuming after a kill) sees the old file or the new one, never half of one.
+- `read_text(path, what, fix, error)`: a UTF-8 file's text, or one line naming the file when it is
+  binary, not UTF-8 (the line named) or empty.
 - `append_line(fd, line, path)`: one `os.write` per record on an `O_APPEND` descriptor, so records
   of processes sharing a file never interleave; a short write (the disk filled mid-record) is cut
   back off, so the file keeps ending on a whole line. Each append holds a shared `flock` on the
@@ -42,6 +44,22 @@ def disk_full(path: str | os.PathLike, exc: OSError) -> DiskFullError:
     why = os.strerror(exc.errno) if exc.errno else str(exc)
     return DiskFullError(f"cannot write {path}: {why}; free some space (or raise the limit) and rerun the same "
                          f"command: what is already written is kept and resumed from")
+
+
+def read_text(path: str | os.PathLike, what: str, fix: str, error: type[Exception]) -> str:
+    """The text of the UTF-8 file `path`; `error` (one line naming the file, ending with `fix`) if it
+    is binary (NUL bytes), not UTF-8 (the line named) or holds no text."""
+    raw = Path(path).read_bytes()
+    if b"\0" in raw:
+        raise error(f"{path} is a binary file, not {what}; {fix}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise error(f"{path}: line {line} is not UTF-8 text (byte 0x{raw[exc.start]:02x}); {fix}") from None
+    if not text.strip():
+        raise error(f"{path} is empty; {fix}")
+    return text
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

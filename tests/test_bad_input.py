@@ -140,7 +140,7 @@ CASES: list[tuple[str, Argv, str]] = [
     # -- the config file itself ----------------------------------------------------------------
     ("config-missing", lambda e: ["eval", str(e.root / "nope.yaml")], "config file not found"),
     ("config-is-a-folder", lambda e: ["eval", str(e.root)], "is a folder; give the path of a config YAML file"),
-    ("config-empty", ev(lambda e: e.file("e.yaml", "")), "is empty; write the config in it"),
+    ("config-empty", ev(lambda e: e.file("e.yaml", "")), "is empty; write it as UTF-8 YAML text"),
     ("config-whitespace", ev(lambda e: e.file("w.yaml", "\n  \n")), "is empty"),
     ("config-binary", ev(lambda e: e.file("b.yaml", bytes(range(256)) * 4)), "is a binary file, not a YAML config"),
     ("config-not-utf8", ev(lambda e: e.file("n.yaml", b"tasks: [gsm8k]\ndescription: caf\xe9\n")),
