@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from adafuse import ensemble_cli
-from runtime.errors import AdafuseError
+from runtime.errors import AdafuseError, ConfigError
 from specdec import generate_cli
 
 
@@ -26,9 +26,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ensemble_cli.add_arguments(parser)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """The flags' values, checked before any model loads (one-line ConfigErrors): the prompts, the
+    sampling settings, every member and drafter name, and that model drafters share their member's
+    tokenizer (registry names)."""
+    from runtime.loader import check_spec
+    from runtime.registry import check_same_tokenizer
+    from runtime.sampling import SamplingParams
+    from specdec.drafters import parse_drafter_spec
+
+    for i, prompt in enumerate(args.prompt):
+        if not prompt.strip():
+            raise ConfigError(f"--prompt #{i + 1} is empty; give the text to continue")
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    try:
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    except ValueError as exc:
+        raise ConfigError(f"--{exc}".replace("=", " ", 1)) from None
+    if args.model:
+        members, drafters = [args.model], [getattr(args, "drafter", None)]
+    else:
+        members = [m.strip() for m in args.members.split(",") if m.strip()]
+        drafters = ensemble_cli.parse_drafters(args.drafters, len(members)) or [None] * len(members)
+    for member, drafter in zip(members, drafters):
+        check_spec(member)  # a typo in the last member fails before the first one loads
+        _, model = parse_drafter_spec(drafter)
+        if model:
+            check_spec(model)
+            check_same_tokenizer(member, model)
+
+
 def run(args: argparse.Namespace) -> int:
     if bool(args.model) == bool(args.members):
         raise AdafuseError("give exactly one of --model NAME or --members A,B,C")
+    check_args(args)
     if args.members:
         return ensemble_cli.run(args)
     return generate_cli.run(args)

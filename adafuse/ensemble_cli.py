@@ -44,7 +44,7 @@ def _floats(text: str | None, flag: str) -> list[float] | None:
         raise ConfigError(f"{flag} must be comma-separated numbers, got '{text}'") from None
 
 
-def _drafters(text: str | None, n: int) -> list[str | None] | None:
+def parse_drafters(text: str | None, n: int) -> list[str | None] | None:
     if not text:
         return None
     items = [x.strip() for x in text.split(",")]
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     members = [m.strip() for m in args.members.split(",") if m.strip()]
     knobs = {k: getattr(args, k) for k in _KNOBS if getattr(args, k, None) is not None}
     ens = Ensemble(members, method=args.method, weights=_floats(args.weights, "--weights"),
-                   drafters=_drafters(args.drafters, len(members)), lead=args.lead, dtype=args.dtype,
+                   drafters=parse_drafters(args.drafters, len(members)), lead=args.lead, dtype=args.dtype,
                    chat=False if args.raw else None, **knobs)
     outs = ens.generate(args.prompt, max_new_tokens=args.max_new_tokens, stop=args.stop,
                         temperature=args.temperature, seed=args.seed)

@@ -4,7 +4,8 @@
 
 Only the chosen verb's module is imported, so `adafuse --help` and `adafuse --version` stay
 instant. Options are spelled with underscores (`--max_new_tokens`, like lm-eval's `--output_path`);
-the dashed spelling (`--max-new-tokens`) is accepted too. Errors of our own are one line, exit 2.
+the dashed spelling (`--max-new-tokens`) is accepted too. Errors of our own, usage mistakes and a
+full disk are one line, exit 2.
 """
 from __future__ import annotations
 
@@ -43,9 +44,17 @@ def add_dashed_aliases(parser: argparse.ArgumentParser) -> None:
                 parser._option_string_actions[dashed] = action
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with our error style: a usage mistake is one line naming it and pointing at --help
+    (exit 2), not the usage block plus the message. Subparsers inherit the class."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"error: {self.prog}: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser(verb: str | None) -> tuple[argparse.ArgumentParser, dict[str, object], dict[str, argparse.ArgumentParser]]:
     """The parser with every verb listed and the arguments of `verb` (the one being run) added."""
-    parser = argparse.ArgumentParser(prog="adafuse", description="Ensemble decoding with speculative acceleration.")
+    parser = OneLineParser(prog="adafuse", description="Ensemble decoding with speculative acceleration.")
     parser.add_argument("--version", action="version", version=f"adafuse {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -85,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(modules[args.command].run(args) or 0)
     except AdafuseError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        from runtime.files import disk_full, is_disk_full
+
+        if not is_disk_full(exc):
+            raise
+        print(f"error: {disk_full(exc.filename or 'a file', exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

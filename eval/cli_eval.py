@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     cfg.tasks = _subset(cfg.tasks, args.tasks, "task", args.config)
     cfg.runs = _subset(cfg.runs, args.runs, "run", args.config)
     check_model_names(cfg.runs, args.config)
+    check_runs(cfg.runs, args.config)
+    check_output_path(cfg.output_path)
     if args.write_out:
         _write_out(cfg)
     try:
@@ -99,12 +101,12 @@ def run(args: argparse.Namespace) -> int:
 def check_model_names(runs, source: str) -> None:
     """Every member and drafter model of every run that loads real models, checked before the first
     run starts (a typo in the last run would otherwise surface after the others ran)."""
-    from eval.methods import ENSEMBLE_METHODS
+    from eval.methods import is_builtin
     from runtime.loader import check_spec
     from specdec.drafters import parse_drafter_spec
 
     for run in runs:
-        if run.method not in ENSEMBLE_METHODS and run.method != "single":
+        if not is_builtin(run.method):
             continue  # a registered backend (e.g. a test fake) resolves its own names
         drafters = run.options.get("drafters") or []
         single = run.options.get("drafter")
@@ -116,6 +118,27 @@ def check_model_names(runs, source: str) -> None:
                     check_spec(model)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: run '{run.name}': {exc}") from None
+
+
+def check_runs(runs, source: str) -> None:
+    """Every run's method, member count and options, checked as building its generator would, before
+    the first run starts and before any model loads (`eval.methods.check_run`)."""
+    from eval.methods import check_run
+    from runtime.errors import AdafuseError
+
+    for run in runs:
+        try:
+            check_run(run.method, run.members, run.options)
+        except AdafuseError as exc:
+            raise ConfigError(f"{source}: run '{run.name}': {exc}") from None
+
+
+def check_output_path(path: str) -> None:
+    """The output folder must be a folder (or not exist yet)."""
+    from pathlib import Path
+
+    if Path(path).exists() and not Path(path).is_dir():
+        raise ConfigError(f"output path {path} is a file, not a folder; give --output_path DIR")
 
 
 def _write_out(cfg) -> None:

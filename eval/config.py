@@ -18,6 +18,7 @@ Generation settings: task file < config `generation` < task entry `generation`. 
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from runtime.errors import ConfigError
+from runtime.files import read_text
 from eval.methods import known_methods
 from eval.schema import Field, validate
 from eval.task import Task, get_task
@@ -125,6 +127,11 @@ def _positive(value: Any, key: str, source: str, minimum: int = 1) -> None:
         raise ConfigError(f"{source}: key '{key}' must be >= {minimum}, got {value}")
 
 
+def _check_temperature(value: Any, key: str, source: str) -> None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{source}: key '{key}' must be a finite number >= 0 (0: greedy), got {value}")
+
+
 def _check_method(method: str, where: str, source: str) -> None:
     known = known_methods()
     if method not in known:
@@ -170,9 +177,9 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         raise ConfigError(f"{source}: give either 'runs:' or a top-level 'method'/'members', not both")
     if "runs" not in data and "method" not in data:
         raise ConfigError(f"{source}: missing required key 'runs' (or a top-level 'method' and 'members')")
+    if "runs" in data and not data["runs"]:
+        raise ConfigError(f"{source}: 'runs' is empty; list at least one run (method and members)")
     raw_runs = data.get("runs") or [{k: data[k] for k in ("name", "method", "members", "options") if k in data}]
-    if not raw_runs:
-        raise ConfigError(f"{source}: 'runs' is empty")
     runs: list[RunSpec] = []
     for i, r in enumerate(raw_runs):
         where = f"runs[{i}]." if "runs" in data else ""
@@ -180,7 +187,7 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
             raise ConfigError(f"{source}: missing required key '{where}members'")
         _check_method(r["method"], where, source)
         if not r["members"]:
-            raise ConfigError(f"{source}: key '{where}members' is empty")
+            raise ConfigError(f"{source}: key '{where}members' is empty; list the run's member model(s)")
         name = r.get("name") or (r["members"][0] if r["method"] == "single" else r["method"])
         if any(ch in name for ch in "/\\") or name in (".", ".."):
             raise ConfigError(f"{source}: key '{where}name' must not contain '/' ({name!r})")
@@ -189,8 +196,9 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
 
     raw_tasks = data["tasks"] if isinstance(data["tasks"], list) else [data["tasks"]]
     if not raw_tasks:
-        raise ConfigError(f"{source}: 'tasks' is empty")
+        raise ConfigError(f"{source}: 'tasks' is empty; list at least one task (e.g. tasks: [gsm8k])")
     base_gen = data.get("generation") or {}
+    _check_temperature(base_gen.get("temperature"), "generation.temperature", source)
     tasks: list[TaskSpec] = []
     for i, entry in enumerate(raw_tasks):
         if isinstance(entry, str):
@@ -209,6 +217,7 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
             raise ConfigError(f"{source}: tasks[{i}]: {exc}") from None
         gen = {**task.generation_kwargs, **base_gen, **(entry.get("generation") or {})}
         _positive(gen.get("max_new_tokens"), f"tasks[{i}].generation.max_new_tokens", source)
+        _check_temperature(gen.get("temperature"), f"tasks[{i}].generation.temperature", source)
         tasks.append(TaskSpec(name=task.name, task=task, limit=task_limit, max_new_tokens=int(gen.get("max_new_tokens", 128)),
                               temperature=float(gen.get("temperature", 0.0))))
     if len({t.name for t in tasks}) != len(tasks):
@@ -224,6 +233,7 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         bootstrap=data.get("bootstrap", 1000),
     )
     _positive(cfg.batch_size, "batch_size", source)
+    _positive(cfg.bootstrap, "bootstrap", source)
     _positive(limit, "--limit", source)
     _positive(data.get("limit"), "limit", source)
     return cfg
@@ -250,15 +260,18 @@ def resolve_config_path(path: str | Path) -> Path:
 
 
 def read_yaml(path: str | Path, what: str = "config") -> Any:
-    """The parsed YAML of a config file (`resolve_config_path`); a missing file or bad YAML is a
-    one-line ConfigError."""
+    """The parsed YAML of a config file (`resolve_config_path`); a missing, empty, binary or non-UTF-8
+    file, a folder, or bad YAML is a one-line ConfigError."""
     path = resolve_config_path(path)
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a folder; give the path of a {what} YAML file (see configs/)")
     if not path.is_file():
         shipped = sorted({p.stem for d in shipped_config_dirs() for p in d.glob("*.yaml")})
         hint = f" (shipped configs: {', '.join(shipped)})" if shipped else ""
         raise ConfigError(f"{what} file not found: {path}{hint}")
+    text = read_text(path, f"a YAML {what}", "write it as UTF-8 YAML text (examples: configs/)", ConfigError)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML ({' '.join(str(exc).split())[:200]})") from None
 

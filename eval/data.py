@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime.errors import ConfigError
+from runtime.files import read_text
 
 Doc = dict[str, Any]
 SPLITS = ("test", "dev")
@@ -33,7 +34,11 @@ DEV_START: dict[str, int] = {"gsm8k": 1000, "nq_open": 2000, "wmt22": 1000}
 DATA_HINT = "pass --data_dir DIR (or set ADAFUSE_DATA) to the folder holding gsm8k/, nq_open/ and wmt22/"
 
 
-class DataNotFoundError(ConfigError, FileNotFoundError):
+class DataError(ConfigError):
+    """A benchmark file is missing or unreadable (binary, not UTF-8, not JSON, rows without fields)."""
+
+
+class DataNotFoundError(DataError, FileNotFoundError):
     """A benchmark file or the data folder is missing."""
 
 
@@ -64,14 +69,43 @@ def _require(path: Path) -> Path:
     return path
 
 
+def _text_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file (no newlines); a binary or non-UTF-8 file, or one without any
+    text, is a one-line DataError naming the file (and the line)."""
+    text = read_text(_require(path), "benchmark text", "fix or restore the file", DataError)
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # universal newlines, as open() reads
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(_require(path), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    rows = []
+    for n, line in enumerate(_text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise DataError(f"{path}: line {n} is not JSON ({exc.msg}); fix or restore the file") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: line {n} is not a JSON object; fix or restore the file")
+        rows.append(row)
+    return rows
 
 
 def _read_lines(path: Path) -> list[str]:
-    with open(_require(path), encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    return _text_lines(path)
+
+
+def _docs(path: Path, rows: list, make: Callable[[int, Any], Doc]) -> list[Doc]:
+    """`make(i, row)` for every row; a row without the fields a doc needs is a one-line DataError."""
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(make(i, row))
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            what = f"field {exc}" if isinstance(exc, KeyError) else f"a well-formed field ({exc})"
+            raise DataError(f"{path}: row {i + 1} lacks {what}; fix or restore the file") from None
+    return out
 
 
 _CALC = re.compile(r"<<[^>]*>>")
@@ -124,11 +158,12 @@ def _gsm8k_doc(i: int, r: dict) -> Doc:
 def load_gsm8k(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None,
                split: str = "test") -> tuple[list[Doc], list[Doc]]:
     check_range("gsm8k", split, None, num_fewshot, fewshot_reserved)
-    test = _read_jsonl(data_dir / "gsm8k" / "test.jsonl") if split == "test" else []
-    train = _read_jsonl(data_dir / "gsm8k" / "train.jsonl") if num_fewshot or split == "dev" else []
-    rows = test if split == "test" else train
-    docs = [_gsm8k_doc(i, r) for i, r in enumerate(rows)][(DEV_START["gsm8k"] if split == "dev" else 0):]
-    shots = [_gsm8k_doc(i, r) for i, r in enumerate(train[: max(num_fewshot, fewshot_reserved or 0)])] if num_fewshot else []
+    test_path, train_path = data_dir / "gsm8k" / "test.jsonl", data_dir / "gsm8k" / "train.jsonl"
+    test = _read_jsonl(test_path) if split == "test" else []
+    train = _read_jsonl(train_path) if num_fewshot or split == "dev" else []
+    rows, path = (test, test_path) if split == "test" else (train, train_path)
+    docs = _docs(path, rows, _gsm8k_doc)[(DEV_START["gsm8k"] if split == "dev" else 0):]
+    shots = _docs(train_path, train[: max(num_fewshot, fewshot_reserved or 0)], _gsm8k_doc) if num_fewshot else []
     return docs, shots
 
 
@@ -144,9 +179,9 @@ def _split_rows(dataset: str, docs: list[Doc], split: str, fewshot_reserved: int
 
 def load_nq_open(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = None,
                  split: str = "test") -> tuple[list[Doc], list[Doc]]:
-    rows = _read_jsonl(data_dir / "nq_open" / "dev.jsonl")
-    docs = [{"id": i, "question": r["question"], "gold": list(r["answer"]), "target": r["answer"][0]}
-            for i, r in enumerate(rows)]
+    path = data_dir / "nq_open" / "dev.jsonl"
+    docs = _docs(path, _read_jsonl(path),
+                 lambda i, r: {"id": i, "question": r["question"], "gold": list(r["answer"]), "target": r["answer"][0]})
     return _split_rows("nq_open", docs, split, fewshot_reserved, num_fewshot)
 
 

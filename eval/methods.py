@@ -9,16 +9,22 @@
   drafters: [lookup, lookup, null]}` for speculative members), which loads through the same loader.
 
 Extra backends (e.g. fakes in tests) are added to `METHODS` with `register_method`.
+`check_run(method, members, options)` makes the checks building would make, before any model
+loads (a config's mistake in its last run is then found before the first run starts).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Protocol
 
-from adafuse.ensemble import Ensemble
+from adafuse.ensemble import Ensemble, EnsembleConfig
 from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
+from runtime.member import resolve_dtype
 from runtime.outputs import GenerationOutput
-from specdec.drafters import default_shape, make_drafter
+from runtime.registry import check_same_tokenizer
+from specdec.config import DEFAULT_SHAPE
+from specdec.drafters import default_shape, make_drafter, parse_drafter_spec
 from specdec.engine import SpeculativeGenerator
 
 
@@ -42,6 +48,13 @@ def register_method(name: str) -> Callable[[Callable[..., Generator]], Callable[
     return deco
 
 
+def is_builtin(method: str) -> bool:
+    """Whether `method` is one of ours (not replaced or added by `register_method`, e.g. a test fake)."""
+    if method == "single":
+        return METHODS.get("single") is _build_single
+    return method in ENSEMBLE_METHODS and method not in METHODS
+
+
 def known_methods() -> list[str]:
     return list(dict.fromkeys([*METHODS, *ENSEMBLE_METHODS]))
 
@@ -49,15 +62,74 @@ def known_methods() -> list[str]:
 @register_method("single")
 def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | None = None,
                   **options: Any) -> Generator:
+    _check_single(members, dtype, drafter, options)
+    target = load(members[0], dtype=dtype)
+    if drafter is None:
+        return target
+    return _speculative(target, drafter, dtype, options)
+
+
+# keywords of SpeculativeGenerator besides target/drafter/shape, and the verifiers' own parameters
+SPECULATIVE_OPTIONS = tuple(inspect.signature(SpeculativeGenerator).parameters)[3:-1] + ("rho",)
+
+
+def _check_single(members: list[str], dtype: str, drafter: Any, options: dict[str, Any]) -> None:
     if len(members) != 1:
         raise ConfigError(f"method 'single' takes exactly one member, got {len(members)}: {', '.join(members)}")
-    target = load(members[0], dtype=dtype)
+    resolve_dtype(dtype)
     if drafter is None:
         if options:
             raise ConfigError(f"method 'single' does not take option(s) {', '.join(sorted(options))} "
                               f"(only dtype and drafter; speculative options go with a drafter)")
-        return target
-    return _speculative(target, drafter, dtype, options)
+        return
+    check_drafter(members[0], drafter)
+    unknown = sorted(k for k in options if k not in SPECULATIVE_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown speculative option(s) {', '.join(unknown)}; known: {', '.join(SPECULATIVE_OPTIONS)}")
+    try:  # no target, no drafter: only the shape and verifier options are checked
+        SpeculativeGenerator(None, None, DEFAULT_SHAPE, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"speculative options {sorted(options)} rejected by specdec.SpeculativeGenerator: {exc}") from None
+
+
+def check_drafter(member: str, drafter: Any) -> None:
+    """A drafter spec that fits `member`: its grammar and (registry names) the same tokenizer as the
+    member's. One-line ConfigError / TokenizerMismatchError."""
+    _, model = parse_drafter_spec(drafter)
+    if model:
+        check_same_tokenizer(member, model)
+
+
+def _check_ensemble(method: str, members: list[str], options: dict[str, Any]) -> None:
+    opts = dict(options)
+    known = {k: opts.pop(k, None) for k in ("weights", "drafters", "lead", "dtype", "chat")}
+    try:
+        EnsembleConfig(method, known["weights"], 0 if known["lead"] is None else known["lead"],
+                       known["dtype"] or "float32", known["chat"], opts).validate(len(members))
+    except TypeError as exc:
+        raise ConfigError(f"options of method '{method}' rejected: {exc}") from None
+    resolve_dtype(known["dtype"] or "float32")
+    drafters = known["drafters"]
+    if drafters is not None:
+        if not isinstance(drafters, list) or len(drafters) != len(members):
+            raise ConfigError(f"option drafters must list one entry (or null) per member: {len(members)} members, "
+                              f"got {drafters!r}")
+        for member, drafter in zip(members, drafters):
+            check_drafter(member, drafter)
+
+
+def check_run(method: str, members: list[str], options: dict[str, Any]) -> None:
+    """Fail now, before any model loads, where `build_generator(method, members, **options)` would:
+    the member count, the options (the method's own parser; a single member's speculative ones),
+    the dtype, the drafters. Member names are `runtime.loader.check_spec`'s job. Backends added
+    with `register_method` (e.g. test fakes) check their options when built."""
+    if not is_builtin(method):
+        return
+    if method == "single":
+        opts = dict(options)
+        _check_single(members, opts.pop("dtype", "float32"), opts.pop("drafter", None), opts)
+    else:
+        _check_ensemble(method, members, options)
 
 
 def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any]) -> Generator:

@@ -36,6 +36,24 @@ def _config_order(folder: Path) -> dict[str, int]:
         return {}
 
 
+METRICS_KEYS = ("task", "run", "primary_metric", "score")
+
+
+def _read_metrics(path: Path) -> dict[str, Any]:
+    """One metrics.json (with `_path`); a corrupted or foreign file is a one-line ConfigError."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ConfigError(f"{path} is corrupted (not JSON); delete it and rerun `adafuse eval` on its config "
+                          f"(the predictions are kept, only the metrics are computed again)") from None
+    missing = [k for k in METRICS_KEYS if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ConfigError(f"{path} is no metrics file of `adafuse eval` (no {', '.join(missing)}); move it out of "
+                          f"the folder, or report on the run folders themselves")
+    data["_path"] = str(path)
+    return data
+
+
 def collect(dirs: list[str | Path]) -> list[dict[str, Any]]:
     """All metrics.json files under `dirs` (recursively): in the order of the runs in a folder's
     config.yaml when it has one (as `adafuse eval` writes it), else in folder order."""
@@ -47,10 +65,7 @@ def collect(dirs: list[str | Path]) -> list[dict[str, Any]]:
         order = {} if d.is_file() else _config_order(d)
         paths = [d] if d.is_file() else sorted(
             d.rglob("metrics.json"), key=lambda p: (order.get(p.parent.parent.name, len(order)), str(p)))
-        for path in paths:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            data["_path"] = str(path)
-            rows.append(data)
+        rows += [_read_metrics(path) for path in paths]
     if not rows:
         raise ConfigError(f"no metrics.json found under {', '.join(map(str, dirs))}; run `adafuse eval CONFIG` first")
     return rows
@@ -144,8 +159,9 @@ def _records(row: dict[str, Any]) -> list[dict[str, Any]]:
     path = Path(row["_path"]).parent / "predictions.jsonl"
     if not path.is_file():
         raise ConfigError(f"{path} is missing: paired comparisons need each run's predictions.jsonl")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    from eval.predictions import parse_predictions
+
+    return parse_predictions(path, ("id", "score"))[0]  # read only: a torn last line (a run in progress) is left out
 
 
 def paired_table(rows: list[dict[str, Any]], baseline: str, n_resamples: int = 1000) -> str:

@@ -1,15 +1,18 @@
 """Run an `EvalConfig`: for each run x task, generate, score and append one JSON line per example to
 `OUT/<run>/<task>/predictions.jsonl` (flushed as it goes), then write `metrics.json`.
 
-Resume: rows already in predictions.jsonl (keyed by example `id`) are kept and skipped; a torn last
-line from a killed process is dropped. A killed run loses at most the batch in flight. The saved
-`setup.json` fingerprints prompt/decoding settings; resuming with different ones is refused.
+Resume: rows already in predictions.jsonl (keyed by example `id`) are kept and skipped; a last line
+cut short (a kill, a full disk) is dropped with a warning, a bad line anywhere else is a one-line
+error naming it. A killed run loses at most the batch in flight. The saved `setup.json`
+fingerprints prompt/decoding settings; resuming with different ones (or unknown ones: no or a
+corrupted setup.json, records made from other prompts) is refused. JSON files are replaced
+atomically and appends never leave half a record behind (`runtime.files`); a full disk is a
+one-line error. Each run/task folder is locked while it is written (`eval.folder_lock`).
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -17,49 +20,18 @@ from typing import Any, Callable
 import yaml
 
 from runtime.errors import ConfigError
+from runtime.files import append_line, write_json_atomic, write_text_atomic
 from runtime.outputs import GenerationOutput
 from eval.config import EvalConfig, RunSpec, TaskSpec
 from eval.data import Doc, resolve_data_dir
+from eval.folder_lock import hold, hold_all
+from eval.predictions import PREDICTIONS, read_predictions
 from eval.methods import Generator, build_generator
 
-PREDICTIONS = "predictions.jsonl"
+__all__ = ["METRICS", "PREDICTIONS", "SETUP", "evaluate", "read_predictions", "run_task", "summarize"]
+
 METRICS = "metrics.json"
 SETUP = "setup.json"
-
-
-def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_predictions(path: Path) -> list[dict]:
-    """Complete records of a predictions file, first occurrence of each id; rewrites the file if it had
-    a torn line or duplicates so that appending stays valid JSONL."""
-    if not path.exists():
-        return []
-    records: dict[Any, dict] = {}
-    dirty = False
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-                if not line.endswith("\n") or not isinstance(rec, dict) or "id" not in rec:
-                    raise ValueError("torn or foreign line")
-            except ValueError:
-                dirty = True
-                continue
-            if rec["id"] in records:
-                dirty = True
-                continue
-            records[rec["id"]] = rec
-    if dirty:
-        tmp = path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for rec in records.values():
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    return list(records.values())
 
 
 def _setup(run: RunSpec, spec: TaskSpec, seed: int) -> dict[str, Any]:
@@ -68,16 +40,51 @@ def _setup(run: RunSpec, spec: TaskSpec, seed: int) -> dict[str, Any]:
             "task": spec.task.fingerprint()}
 
 
-def _check_setup(folder: Path, setup: dict[str, Any]) -> None:
-    path = folder / SETUP
-    if path.exists() and (folder / PREDICTIONS).exists():
+def _read_setup(path: Path) -> dict[str, Any] | None:
+    """The saved setup, or None when the file is not a setup (corrupted, foreign)."""
+    try:
         old = json.loads(path.read_text(encoding="utf-8"))
-        old_norm, new_norm = json.loads(json.dumps(old)), json.loads(json.dumps(setup))
-        if old_norm != new_norm:
-            diff = [k for k in new_norm if old_norm.get(k) != new_norm.get(k)]
-            raise ConfigError(f"{folder} holds results made with different settings ({', '.join(diff)}); "
-                              f"use another --output_path or delete that folder")
-    _write_json_atomic(path, setup)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return old if isinstance(old, dict) else None
+
+
+def _check_setup(folder: Path, setup: dict[str, Any]) -> None:
+    """Refuse a folder whose predictions were made with other settings (or with unknown ones: no
+    setup.json, or one that is not a setup); then record `setup`."""
+    path, preds = folder / SETUP, folder / PREDICTIONS
+    fix = "use another --output_path or delete that folder"
+    if preds.exists() and preds.stat().st_size > 0:
+        if not path.exists():
+            raise ConfigError(f"{folder} has {PREDICTIONS} but no {SETUP}, so the settings they were made with are "
+                              f"unknown; {fix}")
+        old = _read_setup(path)
+        if old is None:
+            raise ConfigError(f"{path} is corrupted (not a JSON setup); {fix}")
+        new = json.loads(json.dumps(setup))
+        diff = [k for k in new if old.get(k) != new.get(k)] + [k for k in old if k not in new]
+        if diff:
+            first = diff[0]
+            raise ConfigError(f"{folder} holds results made with different settings ({', '.join(diff)}; "
+                              f"{first}: {_short(old.get(first))} there, {_short(new.get(first))} now); {fix}")
+    write_json_atomic(path, setup)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_records(path: Path, records: list[dict], docs: list[Doc], task, shots: list[Doc]) -> None:
+    """Refuse saved records that are not this task's: an id that is no row of the split, or one
+    made from another prompt than the task gives now (a foreign or mixed-up file)."""
+    by_id = {d["id"]: d for d in docs}
+    for rec in records:
+        doc = by_id.get(rec["id"])
+        if doc is None or ("prompt" in rec and rec["prompt"] != task.prompt(doc, shots)):
+            why = "is no row of" if doc is None else "was made from another prompt than"
+            raise ConfigError(f"{path}: the record of example {rec['id']!r} {why} {task.name} ({task.split} rows) "
+                              f"gives; use another --output_path or delete that folder")
 
 
 def _cost_totals(records: list[dict]) -> tuple[dict[str, int], dict[str, int]]:
@@ -126,54 +133,62 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
              shard: tuple[int, int] | None = None) -> dict[str, Any] | None:
     """Evaluate one run on one task into `folder`, resuming what is there; returns the metrics.
     `shard=(k, n)`: only examples k, k+n, k+2n, ... of the task (processes with different k can
-    share the folder); metrics are written (and returned) once every example is in, else None."""
+    share the folder); metrics are written (and returned) once every example is in, else None.
+    The folder is locked meanwhile (`eval.folder_lock`): a second process on it is refused."""
     task = spec.task
-    docs, shots = task.load(data_dir)
-    if spec.limit is not None:
-        docs = docs[: spec.limit]
-    folder.mkdir(parents=True, exist_ok=True)
-    _check_setup(folder, _setup(run, spec, seed))
-    pred_path = folder / PREDICTIONS
-    wanted = {d["id"] for d in docs}
-    done = {r["id"]: r for r in read_predictions(pred_path) if r["id"] in wanted}
-    mine = docs if shard is None else docs[shard[0]:: shard[1]]
-    todo: list[Doc] = [d for d in mine if d["id"] not in done]
-    records = [done[d["id"]] for d in docs if d["id"] in done]
-    bar = _progress(len(docs), len(records), f"{run.name}/{task.name}", progress)
-    if records:
-        bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
-    try:
-        if todo:
-            generator = get_generator()
-            # one O_APPEND write per record: records of processes sharing the file never interleave
-            with open(pred_path, "ab", buffering=0) as f:
-                for start in range(0, len(todo), batch_size):
-                    batch = todo[start: start + batch_size]
-                    prompts = [task.prompt(d, shots) for d in batch]
-                    t0 = time.perf_counter()
-                    outputs = generator.generate(prompts, max_new_tokens=spec.max_new_tokens, stop=list(task.until),
-                                                 temperature=spec.temperature, seed=seed + int(batch[0]["id"]))
-                    wall = time.perf_counter() - t0
-                    if len(outputs) != len(batch):
-                        raise RuntimeError(f"{run.method} returned {len(outputs)} outputs for {len(batch)} prompts")
-                    for doc, prompt, out in zip(batch, prompts, outputs):
-                        rec = _record(task, doc, prompt, out, wall / len(batch))
-                        os.write(f.fileno(), (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8"))
-                        records.append(rec)
-                    bar.update(len(batch))
-                    bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
-    finally:
-        bar.close()
-    if shard is not None:  # the other shards' records too
-        done = {r["id"]: r for r in read_predictions(pred_path) if r["id"] in wanted}
-        if len(done) < len(docs):
-            return None
-        records = [done[d["id"]] for d in docs]
-    order = {d["id"]: i for i, d in enumerate(docs)}
-    records.sort(key=lambda r: order[r["id"]])  # same order (and bootstrap draws) whether resumed or not
-    metrics = summarize(run, spec, records, bootstrap=bootstrap, seed=seed)
-    _write_json_atomic(folder / METRICS, metrics)
-    return metrics
+    all_docs, shots = task.load(data_dir)
+    docs = all_docs[: spec.limit] if spec.limit is not None else all_docs
+    with hold(folder, shard):
+        _check_setup(folder, _setup(run, spec, seed))
+        pred_path = folder / PREDICTIONS
+        wanted = {d["id"] for d in docs}
+        saved = read_predictions(pred_path)
+        _check_records(pred_path, saved, all_docs, task, shots)
+        done = {r["id"]: r for r in saved if r["id"] in wanted}
+        mine = docs if shard is None else docs[shard[0]:: shard[1]]
+        todo: list[Doc] = [d for d in mine if d["id"] not in done]
+        records = [done[d["id"]] for d in docs if d["id"] in done]
+        bar = _progress(len(docs), len(records), f"{run.name}/{task.name}", progress)
+        if records:
+            bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
+        try:
+            if todo:
+                _generate(run, spec, todo, shots, pred_path, get_generator(), seed, batch_size, records, bar)
+        finally:
+            bar.close()
+        if shard is not None:  # the other shards' records too
+            done = {r["id"]: r for r in read_predictions(pred_path) if r["id"] in wanted}
+            if len(done) < len(docs):
+                return None
+            records = [done[d["id"]] for d in docs]
+        order = {d["id"]: i for i, d in enumerate(docs)}
+        records.sort(key=lambda r: order[r["id"]])  # same order (and bootstrap draws) whether resumed or not
+        metrics = summarize(run, spec, records, bootstrap=bootstrap, seed=seed)
+        write_json_atomic(folder / METRICS, metrics)
+        return metrics
+
+
+def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], pred_path: Path, generator: Generator,
+              seed: int, batch_size: int, records: list[dict], bar) -> None:
+    """Generate `todo` in batches, appending each record to `pred_path` (and `records`) as it comes."""
+    task = spec.task
+    # one O_APPEND write per record: records of processes sharing the file never interleave
+    with open(pred_path, "ab", buffering=0) as f:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start: start + batch_size]
+            prompts = [task.prompt(d, shots) for d in batch]
+            t0 = time.perf_counter()
+            outputs = generator.generate(prompts, max_new_tokens=spec.max_new_tokens, stop=list(task.until),
+                                         temperature=spec.temperature, seed=seed + int(batch[0]["id"]))
+            wall = time.perf_counter() - t0
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"{run.method} returned {len(outputs)} outputs for {len(batch)} prompts")
+            for doc, prompt, out in zip(batch, prompts, outputs):
+                rec = _record(task, doc, prompt, out, wall / len(batch))
+                append_line(f.fileno(), json.dumps(rec, ensure_ascii=False) + "\n", pred_path)
+                records.append(rec)
+            bar.update(len(batch))
+            bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
 
 
 def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -> dict[str, Any]:
@@ -201,7 +216,13 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], Non
     resolved = {**cfg.to_dict(), "data_dir": str(data_dir)}
     if recorded_runs is not None:
         resolved["runs"] = [r.to_dict() for r in recorded_runs]
-    (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    with hold_all([out / run.name / spec.name for run in cfg.runs for spec in cfg.tasks if run.runs_on(spec.name)], shard):
+        write_text_atomic(out / "config.yaml", yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
+        return _evaluate_runs(cfg, data_dir, out, progress, log, shard)
+
+
+def _evaluate_runs(cfg: EvalConfig, data_dir: Path, out: Path, progress: bool, log: Callable[[str], None] | None,
+                   shard: tuple[int, int] | None) -> list[dict[str, Any]]:
     results = []
     for run in cfg.runs:
         cache: dict[str, Generator] = {}

@@ -21,12 +21,14 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from runtime.errors import ConfigError
+from runtime.files import append_line
 from eval import methods as eval_methods
 from eval.config import TaskSpec
 from eval.data import resolve_data_dir
@@ -178,8 +180,12 @@ class Tuner:
         """Append one event to OUT/tune.jsonl (one write per line, flushed)."""
         self.out.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"event": kind, "time": round(time.time(), 3), **data}, ensure_ascii=False, default=str)
-        with open(self.out / "tune.jsonl", "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        path = self.out / "tune.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            append_line(fd, line + "\n", path)
+        finally:
+            os.close(fd)
 
     def dev_spec(self, spec: TaskSpec) -> tuple[TaskSpec, list[Any]]:
         """The task on its dev split limited to `dev_rows`, and those rows' ids; a one-line error if

@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from eval.cli_eval import _subset
+from eval.cli_eval import _subset, check_model_names, check_output_path
 from eval.tune_config import TuneConfig
 
 
@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_tune(args.config, dev_rows=args.dev_rows, limit=args.limit, output_path=args.output_path,
                     data_dir=args.data_dir, seed=args.seed, batch_size=args.batch_size)
     cfg.eval.tasks = _subset(cfg.eval.tasks, args.tasks, "task", args.config)
+    check_model_names(cfg.eval.runs, args.config)  # tune.members, each alone
+    check_output_path(cfg.eval.output_path)
     if args.dry_run:
         print("\n".join(plan_lines(cfg)))
         return 0

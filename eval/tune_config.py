@@ -29,6 +29,7 @@ Read as an eval config (`eval.config.load_config`), a tune config's runs are eac
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,8 @@ def _check_numbers(spec: TuneSpec, raw: dict[str, Any], source: str) -> None:
         raise _fail(source, f"key 'tune.min_rows' must be >= 1, got {raw['min_rows']}")
     if spec.eta < 2:
         raise _fail(source, f"key 'tune.eta' must be >= 2, got {spec.eta}")
+    if not math.isfinite(spec.min_gain):
+        raise _fail(source, f"key 'tune.min_gain' must be a finite number, got {spec.min_gain}")
     if not 0.0 <= spec.prune_ratio <= 1.0:
         raise _fail(source, f"key 'tune.prune_ratio' must be in [0, 1], got {spec.prune_ratio}")
     if spec.subset_sizes is not None and (not spec.subset_sizes or

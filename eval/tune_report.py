@@ -10,12 +10,12 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from runtime.files import write_text_atomic
 from eval.tune_results import Scored, TaskResult
 from eval.tune_config import TuneConfig
 
@@ -98,23 +98,17 @@ def dev_table(cfg: TuneConfig, results: list[TaskResult]) -> str:
     return "\n".join(parts)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_outputs(cfg: TuneConfig, results: list[TaskResult]) -> list[Path]:
     """Write `dev_table.md` and the tuned config(s) into the tune's output folder; returns the paths."""
     out = Path(cfg.eval.output_path)
     out.mkdir(parents=True, exist_ok=True)
     table = out / "dev_table.md"
-    _write_atomic(table, dev_table(cfg, results))
+    write_text_atomic(table, dev_table(cfg, results))
     paths = [table]
     for result in results:
         path = tuned_path(out, result.task.name, len(results))
         header = (f"# Tuned on dev rows only by `adafuse tune {cfg.source}` (see {table.name}).\n"
                   f"# Evaluate on the test rows:  adafuse eval {path}\n")
-        _write_atomic(path, header + yaml.safe_dump(tuned_config(cfg, result), sort_keys=False, allow_unicode=True))
+        write_text_atomic(path, header + yaml.safe_dump(tuned_config(cfg, result), sort_keys=False, allow_unicode=True))
         paths.append(path)
     return paths

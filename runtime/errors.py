@@ -28,3 +28,7 @@ class TokenizerMismatchError(AdafuseError, ValueError):
 
 class ConfigError(AdafuseError, ValueError):
     pass
+
+
+class NonFiniteLogitsError(AdafuseError, FloatingPointError):
+    """A member's forward gave NaN or infinite logits (an overflow, or broken weights)."""

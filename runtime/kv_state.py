@@ -12,6 +12,10 @@ Operations (one model forward each, plus one that re-feeds rows rolled back befo
 - `rollback(lengths)`           shorten rows (the last logits are refreshed lazily);
 - `load_prefix` / `extend_without_logits`  prefill from chunk KV (`runtime.prefix_cache`).
 
+Every forward checks the logits it was asked for once (`torch.isfinite` of their sum): NaN / inf
+(a bf16 overflow, broken weights) raise `runtime.errors.NonFiniteLogitsError` naming the member,
+rather than being sampled from.
+
 Rows may have different lengths. The cache is a slot array shared by all rows; `slot_pos[b, j]` is
 the position id of slot j in row b, or -1 when the slot is free (padding, rejected tree nodes,
 rolled-back tokens). Every forward builds its own 4-D masks from `slot_pos`
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from runtime.errors import NonFiniteLogitsError
 from runtime.logits_plan import LogitsPlan
 from runtime.open_tree import OpenTree, TreeBlock
 from runtime.packed_linear import only_tokens
@@ -89,10 +94,27 @@ class KVState:
                              sliding_window=member.sliding_window if member.has_sliding else None)
         plan = LogitsPlan.make(keep, tokens, inputs.valid, at, device=device)
         logits, compacted = self._run_model(inputs, plan, device)
+        out = plan.read(logits, compacted)
+        # one check per forward: a sum of logits is finite iff every entry is (they are far from float32's
+        # range), and summing costs ~1/20 of isfinite(out).all(); filler positions are told apart on failure
+        if out is not None and not bool(torch.isfinite(out.sum())):
+            self._refuse_non_finite(out, plan)
         pos = inputs.position_ids
         new_pos = torch.where(inputs.valid, pos, torch.full_like(pos, -1)).to(device)
         self.slot_pos = torch.cat([self.slot_pos, new_pos], dim=1)
-        return plan.read(logits, compacted), S
+        return out, S
+
+    def _refuse_non_finite(self, logits: torch.Tensor, plan: LogitsPlan) -> None:
+        """Raise `NonFiniteLogitsError` naming the member if a position asked for has NaN / inf
+        logits (filler positions, e.g. padding, may hold anything)."""
+        bad = ~torch.isfinite(logits).all(dim=-1) & plan.wanted().to(logits.device)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0][0])
+            dtype = str(self.member.dtype).replace("torch.", "")
+            fix = ("its weights hold NaN/inf or overflow: check the model files (fetch it again)" if dtype == "float32"
+                   else f"its activations overflow in {dtype}: load it in float32")
+            raise NonFiniteLogitsError(f"member '{self.member.name}' gave NaN/inf logits (row {row}, after "
+                                       f"{len(self.ids[row])} tokens), so nothing can be sampled; {fix}")
 
     def _run_model(self, inputs: TreeInputs, plan: LogitsPlan, device: torch.device) -> tuple[torch.Tensor, bool]:
         """One model call on the cache; counts it. Returns (the model's logits, whether the packed LM

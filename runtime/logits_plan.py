@@ -67,6 +67,17 @@ class LogitsPlan:
             return cls(keep, 1, torch.zeros(B, 1, dtype=torch.bool))
         raise ValueError(f"keep={keep!r} is invalid: one of {', '.join(MODES)}")
 
+    def wanted(self) -> torch.Tensor | None:
+        """Which positions of `read`'s output were asked for ([B, N] "all", [B] "last", [B, width]
+        "at"; None for "none"): the others hold filler logits (padding, rows that want nothing)."""
+        if self.keep == "all":
+            return self.head
+        if self.keep == "last":
+            return self.head.any(dim=1)
+        if self.keep == "at":
+            return self.head.gather(1, self.index)
+        return None
+
     def read(self, logits: torch.Tensor, compacted: bool) -> torch.Tensor | None:
         """The mode's float32 logits from the model's output (`compacted`: [1, n, V], the wanted
         pairs in row-major order, else [B, K, V])."""

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from runtime.errors import ConfigError
 from runtime.kv_state import KVState
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
 from runtime.prefix_cache import ChunkKV, PrefixCache, chunk_of
@@ -66,6 +67,7 @@ class Member:
         self.layer_types = list(getattr(cfg, "layer_types", None) or [])
         self.sliding_window = getattr(cfg, "sliding_window", None)
         self.has_sliding = "sliding_attention" in self.layer_types and bool(self.sliding_window)
+        self.max_context = getattr(cfg, "max_position_embeddings", None)  # positions the model was built for
         head = model.get_output_embeddings()
         self.vocab_size = int(getattr(head, "out_features", None) or head.weight.shape[0])
         self.eos_token_ids = self._find_eos_ids()
@@ -124,7 +126,14 @@ class Member:
     # ---- state -----------------------------------------------------------------------------
     def start(self, prompts_ids: Sequence[Sequence[int]]) -> "KVState":
         """Prefill a KV state for a batch of prompts: full `prefix_chunk` chunks from the
-        `prefix_cache` (computed on a miss), the rest of every prompt in one batched forward."""
+        `prefix_cache` (computed on a miss), the rest of every prompt in one batched forward. A prompt
+        without tokens, or one that fills the model's whole context, is a one-line ConfigError."""
+        for i, p in enumerate(prompts_ids):
+            if not len(p):
+                raise ConfigError(f"prompt #{i + 1} gives member '{self.name}' no tokens; give a non-empty prompt")
+            if self.max_context and len(p) >= self.max_context:
+                raise ConfigError(f"prompt #{i + 1} is {len(p)} tokens long, but member '{self.name}' has a context of "
+                                  f"{self.max_context} tokens; shorten it (e.g. fewer few-shot exemplars: num_fewshot)")
         state = KVState(self, batch_size=len(prompts_ids))
         C = int(self.prefix_chunk or 0)
         n_chunks = [max(len(p) - 1, 0) // C if C > 0 else 0 for p in prompts_ids]
@@ -291,7 +300,5 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
-        from runtime.errors import ConfigError
-
         raise ConfigError(f"unknown dtype '{dtype}'; use one of: auto, float32, bfloat16, float16")
     return table[dtype]
