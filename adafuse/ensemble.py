@@ -4,7 +4,9 @@
     outs = ens.generate(["Question: ...\\nAnswer:"], max_new_tokens=128, stop=["\\n\\nQuestion:"])
     outs[0].text, outs[0].trace, outs[0].cost
 
-Members: registry names, local folders, hub ids, loaded `(model, tokenizer)` pairs or `Member`s.
+Members: registry names, local folders, hub ids, loaded `(model, tokenizer)` pairs or `Member`s;
+`devices=["cpu", "cuda:1", "auto"]` places each loaded member (and its drafter) on its own device
+(`runtime.devices`; "auto" = transformers' device_map="auto" for a member too big for one device).
 Methods (`method=`): the `Method`s registered in `adafuse.methods` (single, adafuse, word-fixed,
 token-union, sample-rerank). Method options (`**config`) are parsed into the method's options
 dataclass when the ensemble is built; bad ones raise a one-line `ConfigError` before any model loads.
@@ -16,6 +18,7 @@ from typing import Any, Sequence
 
 from adafuse.methods import GenerationRequest, Method, get_method
 from adafuse.methods.base import check_members
+from runtime.devices import check_devices
 from runtime.errors import ConfigError
 from runtime.loader import load
 from runtime.outputs import GenerationOutput
@@ -48,10 +51,11 @@ class EnsembleConfig:
         return [float(x) for x in self.weights] if self.weights is not None else [1.0] * num_members
 
 
-def build_speculator(target, drafter: Any, dtype: str) -> Any:
+def build_speculator(target, drafter: Any, dtype: str, device: str = "cpu") -> Any:
     """A `specdec.SpeculativeGenerator` for `target` with `drafter`: "lookup" (prompt lookup), a
-    model name / Member sharing the target's tokenizer, or a ready drafter object."""
-    drafter = dr.make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **kw))
+    model name / Member sharing the target's tokenizer, or a ready drafter object; a drafter model
+    is loaded on its target's device."""
+    drafter = dr.make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **{"device": device, **kw}))
     return SpeculativeGenerator(target, drafter, dr.default_shape(drafter))
 
 
@@ -60,7 +64,7 @@ class Ensemble:
 
     def __init__(self, members: Sequence[Any], method: str = "adafuse", weights: Sequence[float] | None = None,
                  drafters: Sequence[Any | None] | None = None, lead: int = 0, dtype: str = "float32",
-                 chat: bool | None = None, **config: Any):
+                 chat: bool | None = None, devices: Sequence[str] | None = None, **config: Any):
         if isinstance(members, (str, bytes)):
             members = [m for m in str(members).split(",") if m]
         self.config = EnsembleConfig(method, list(weights) if weights is not None else None, lead, dtype, chat,
@@ -69,9 +73,10 @@ class Ensemble:
         if drafters is not None and len(drafters) != len(members):
             raise ConfigError(f"drafters must list one entry (or None) per member: {len(members)} members, "
                               f"{len(drafters)} drafters")
-        self.members = [load(m, dtype=dtype) for m in members]
-        self.speculators = [None if d is None else build_speculator(m, d, dtype)
-                            for m, d in zip(self.members, drafters or [None] * len(self.members))]
+        places = check_devices(list(devices) if devices is not None else None, len(members)) or ["cpu"] * len(members)
+        self.members = [load(m, dtype=dtype, device=d) for m, d in zip(members, places)]
+        self.speculators = [None if d is None else build_speculator(m, d, dtype, place)
+                            for m, d, place in zip(self.members, drafters or [None] * len(self.members), places)]
 
     def __repr__(self) -> str:
         return (f"Ensemble(method={self.config.method!r}, members={[m.name for m in self.members]}, "

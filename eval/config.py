@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from runtime.devices import check_devices
 from runtime.errors import ConfigError
 from runtime.files import read_text
 from eval.methods import known_methods
@@ -40,10 +41,11 @@ TASK_ENTRY = {
     "generation": GENERATION,
     "split": Field((str,), choices=("test", "dev")),
 }
+MEMBER_ENTRY = {"name": Field((str,), required=True), "device": Field((str,))}
 RUN = {
     "name": Field((str,)),
     "method": Field((str,), required=True),
-    "members": Field((list,), required=True, item=Field((str,))),
+    "members": Field((list,), required=True, item=Field((str, dict), fields=MEMBER_ENTRY)),
     "options": Field((dict,)),
     "tasks": Field((list,), item=Field((str,))),
 }
@@ -151,6 +153,27 @@ def _tune_runs(data: dict[str, Any], source: str) -> dict[str, Any]:
     return {**data, "runs": [{"name": m, "method": "single", "members": [m]} for m in members]}
 
 
+def _placed_members(run: dict[str, Any], where: str, source: str) -> dict[str, Any]:
+    """`members: [{name: a, device: cuda:1}, b]` -> member names plus the devices as the method's
+    option (`device` for single, `devices` for ensembles; members without one stay on the CPU)."""
+    entries = run["members"]
+    if not any(isinstance(m, dict) for m in entries):
+        return {}
+    names = [m["name"] if isinstance(m, dict) else m for m in entries]
+    devices = [(m.get("device") if isinstance(m, dict) else None) or "cpu" for m in entries]
+    key = "device" if run["method"] == "single" else "devices"
+    options = dict(run.get("options") or {})
+    if key in options:
+        raise ConfigError(f"{source}: key '{where}options.{key}' and devices in '{where}members' both place the "
+                          f"members; keep one")
+    try:
+        placed = check_devices(devices, len(devices))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: key '{where}members': {exc}") from None
+    options[key] = placed[0] if key == "device" else placed
+    return {"members": names, "options": options}
+
+
 def _check_run_tasks(runs: list[RunSpec], tasks: list[str], source: str) -> None:
     """A run's `tasks` name tasks of the config; two runs share a name only on disjoint tasks (one
     row per task in the report, e.g. each task's tuned ensemble under one name)."""
@@ -188,6 +211,7 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         _check_method(r["method"], where, source)
         if not r["members"]:
             raise ConfigError(f"{source}: key '{where}members' is empty; list the run's member model(s)")
+        r = {**r, **_placed_members(r, where, source)}
         name = r.get("name") or (r["members"][0] if r["method"] == "single" else r["method"])
         if any(ch in name for ch in "/\\") or name in (".", ".."):
             raise ConfigError(f"{source}: key '{where}name' must not contain '/' ({name!r})")

@@ -18,6 +18,7 @@ import inspect
 from typing import Any, Callable, Protocol
 
 from adafuse.ensemble import Ensemble, EnsembleConfig
+from runtime.devices import check_device, check_devices
 from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
 from runtime.member import resolve_dtype
@@ -61,12 +62,12 @@ def known_methods() -> list[str]:
 
 @register_method("single")
 def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | None = None,
-                  **options: Any) -> Generator:
+                  device: str = "cpu", **options: Any) -> Generator:
     _check_single(members, dtype, drafter, options)
-    target = load(members[0], dtype=dtype)
+    target = load(members[0], dtype=dtype, device=check_device(device))
     if drafter is None:
         return target
-    return _speculative(target, drafter, dtype, options)
+    return _speculative(target, drafter, dtype, options, device)
 
 
 # keywords of SpeculativeGenerator besides target/drafter/shape, and the verifiers' own parameters
@@ -102,7 +103,8 @@ def check_drafter(member: str, drafter: Any) -> None:
 
 def _check_ensemble(method: str, members: list[str], options: dict[str, Any]) -> None:
     opts = dict(options)
-    known = {k: opts.pop(k, None) for k in ("weights", "drafters", "lead", "dtype", "chat")}
+    known = {k: opts.pop(k, None) for k in ("weights", "drafters", "lead", "dtype", "chat", "devices")}
+    check_devices(known["devices"], len(members))
     try:
         EnsembleConfig(method, known["weights"], 0 if known["lead"] is None else known["lead"],
                        known["dtype"] or "float32", known["chat"], opts).validate(len(members))
@@ -127,16 +129,17 @@ def check_run(method: str, members: list[str], options: dict[str, Any]) -> None:
         return
     if method == "single":
         opts = dict(options)
+        check_device(opts.pop("device", "cpu"))
         _check_single(members, opts.pop("dtype", "float32"), opts.pop("drafter", None), opts)
     else:
         _check_ensemble(method, members, options)
 
 
-def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any]) -> Generator:
+def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any], device: str = "cpu") -> Generator:
     """`specdec.SpeculativeGenerator(target, drafter, **options)` (scheme, num_drafts, depth, ...);
     the drafter spec ("lookup", "hybrid:NAME", "NAME@int8", a model name) is read by `make_drafter`,
     its models come from the same loader."""
-    made = make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **kw))
+    made = make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **{"device": device, **kw}))
     try:
         return SpeculativeGenerator(target, made, default_shape(made), **options)
     except (TypeError, ValueError) as exc:

@@ -42,7 +42,7 @@ from eval.schema import Field, validate
 LEADS = ("best", "all")
 WEIGHTS = ("uniform", "dev")
 SEARCHED = ("lead", "weights")           # options the tune sets itself
-PER_MEMBER = ("drafters",)               # per-member lists do not follow a subset
+PER_MEMBER = ("drafters", "devices")               # per-member lists do not follow a subset
 ENSEMBLE_KWARGS = ("dtype", "chat")      # `adafuse.Ensemble` arguments that are not method options
 METHOD_ENTRY = {"method": Field((str,), required=True), "options": Field((dict,)), "grid": Field((dict,)),
                 "lead": Field((str,), choices=LEADS), "weights": Field((list,), item=Field((str,), choices=WEIGHTS))}

@@ -147,10 +147,9 @@ def _spec_key(spec: str) -> str:
 
 
 def _device(device: str | torch.device) -> str:
-    try:
-        return str(torch.device(device))
-    except (RuntimeError, TypeError):
-        raise ConfigError(f"device {device!r} is invalid: use 'cpu', 'cuda' or 'cuda:N'") from None
+    from runtime.devices import check_device
+
+    return check_device(device)
 
 
 def _is_model(x: Any) -> bool:

@@ -268,11 +268,19 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     if name_or_path in registry.REGISTRY:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     display, where = registry.resolve(name_or_path)
+    spread = device == "auto"                      # device_map="auto": split over accelerators, then CPU
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if spread else device
     torch_dtype = resolve_dtype(dtype, device)
     if check_memory:
         registry.check_memory([name_or_path], str(torch_dtype).replace("torch.", ""))
     tok = AutoTokenizer.from_pretrained(str(where))
-    model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype).to(device)
+    if spread:
+        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype, device_map="auto")
+        device = str(next(model.parameters()).device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype).to(device)
+    if pack_weights is None and spread:
+        pack_weights = False                       # accelerate's dispatch hooks sit on those layers
     if pack_weights is None:
         from runtime.packed_linear import packable_dtypes
 
