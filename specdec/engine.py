@@ -7,9 +7,11 @@ runs over that node's drafts with the target's p and the drafter's q there; an a
 to its child, a rejection emits the verifier's residual token and stops, a leaf emits a bonus token
 drawn from p; the cache keeps only the accepted path (`KVState.accept`).
 
-Deterministic drafts (prompt lookup, or any drafts at temperature 0) are verified by the one
-lossless rule that fits them: draw y ~ p (argmax at temperature 0) and accept the child whose token
-is y, if any. Its acceptance is p(children) = α* for deterministic drafts.
+Deterministic drafts (prompt lookup, a `TextDrafter`'s drafts from a model with another tokenizer,
+or any drafts at temperature 0) are verified by the one lossless rule that fits them: draw y ~ p
+(argmax at temperature 0) and accept the child whose token is y, if any. Its acceptance is
+p(children) = α* for deterministic drafts; it makes the same draws as plain sampling, so with the
+same generators the output is the plain one, token for token.
 
 Cost model (measured on the 2-core AVX2 CPU these tests run on, fp32, one torch thread): the
 target's forward over N = 2..8 tokens costs ~2.5-3x its one-token forward (MKL's small-N GEMM is far

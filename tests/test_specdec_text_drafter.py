@@ -132,6 +132,25 @@ def test_a_drafter_with_another_tokenizer_drafts_through_text():
     assert type(same.drafter) is ModelDrafter
 
 
+def test_cli_generate_with_a_drafter_of_another_tokenizer(tmp_path, capsys):
+    """`adafuse generate --model T --drafter D` with D's tokenizer unlike T's: the greedy text of
+    plain decoding, through a TextDrafter."""
+    from eval.cli import main
+
+    folders = []
+    for name, member in (("target", tiny_member("llama", tokenizer=bpe_tokenizer(), seed=0)),
+                         ("drafter", tiny_member("qwen2", tokenizer=char_tokenizer(), seed=3))):
+        folders.append(str(tmp_path / name))
+        member.model.save_pretrained(folders[-1])
+        member.tokenizer.save_pretrained(folders[-1])
+    base = ["generate", "--model", folders[0], "--prompt", "The quick brown", "--max_new_tokens", "16"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    assert main(base + ["--drafter", folders[1], "--depth", "4"]) == 0
+    spec = capsys.readouterr().out
+    assert spec.splitlines()[0] == plain.splitlines()[0] and "drafter='text(" in spec and "block efficiency" in spec
+
+
 # ---- greedy equality --------------------------------------------------------------------------------
 PAIRS = {"char<-bpe": (char_tokenizer, bpe_tokenizer), "bpe<-char": (bpe_tokenizer, char_tokenizer),
          "bpe300<-bpe400": (bpe_tokenizer, lambda: bpe_tokenizer(400))}
