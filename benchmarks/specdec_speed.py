@@ -15,6 +15,11 @@ alike):
   ours-hybrid:S:N:K    lookup when it finds a >= 2-token continuation, else the 0.5B (S, N, K)
   ours-model8 / ours-hybrid8   the same with the 0.5B's decoder layers quantized to int8 (drafter only)
 
+A --drafter with another tokenizer than the target's (e.g. smollm2-135m for a Qwen target) drafts
+through text in our methods (`specdec.text_drafter.TextDrafter`, picked by the engine), and
+hf-assisted becomes transformers' universal assisted generation with the same assistant and both
+tokenizers.
+
 Reported per (temperature, method): new tokens/s and its ratio to hf-plain and to hf-assisted,
 block efficiency (tokens per target forward), mean acceptance, peak RSS sampled while the method ran,
 and at temperature 0 the share of prompts whose text equals hf-plain's (greedy agreement).
@@ -99,7 +104,9 @@ class PeakRSS:
 
 
 def hf_generate(target, assistant, ids: list[int], max_new: int, temperature: float, seed: int):
-    """(text, new tokens, forwards or None) with transformers' own generate."""
+    """(text, new tokens) with transformers' own generate; with an `assistant` of another tokenizer,
+    its universal assisted generation (both tokenizers given; at T > 0 on a copy of the assistant,
+    since transformers prunes the assistant's LM head in place there)."""
     torch.manual_seed(seed)
     x = torch.tensor([ids])
     kw = dict(max_new_tokens=max_new, attention_mask=torch.ones_like(x), repetition_penalty=1.0,
@@ -109,12 +116,29 @@ def hf_generate(target, assistant, ids: list[int], max_new: int, temperature: fl
     else:
         kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
     if assistant is not None:
-        kw["assistant_model"] = assistant.model
+        kw.update(hf_assistant(target, assistant, temperature))
     out = target.model.generate(x, **kw)[0, len(ids):].tolist()
     cut = next((i for i, t in enumerate(out) if t in target.eos_token_ids), None)
     n = len(out)
     text = target.decode(out[:cut] if cut is not None else out)
     return text, n
+
+
+_HF_COPY = {}
+
+
+def hf_assistant(target, assistant, temperature: float) -> dict:
+    """transformers' keywords for `assistant` (another tokenizer: both tokenizers too)."""
+    from specdec.model_drafter import same_tokenizer
+
+    if same_tokenizer(target, assistant):
+        return dict(assistant_model=assistant.model)
+    model = assistant.model
+    if temperature > 0:
+        import copy
+
+        model = _HF_COPY.setdefault(id(assistant), copy.deepcopy(assistant.model))
+    return dict(assistant_model=model, tokenizer=target.tokenizer, assistant_tokenizer=assistant.tokenizer)
 
 
 _INT8 = {}
@@ -184,6 +208,8 @@ def main(argv=None) -> int:
           flush=True)
     hf_methods = [m for m in methods if m.startswith("hf-") and not m.endswith("-packed")]
     our_methods = [m for m in methods if m not in hf_methods]
+    if drafter is not None and "hf-assisted" in hf_methods and any(t > 0 for t in temps):
+        hf_assistant(target, drafter, 1.0)  # (a copy for transformers to prune, made before any timing)
     rows = run_methods(hf_methods, target, drafter, prompts, temps, args, {})
     _INT8["m"] = quantize_int8_if_needed(our_methods, drafter)
     if not args.no_pack:

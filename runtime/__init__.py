@@ -15,5 +15,7 @@ tokenizer, run with a KV cache over a batch of rows. It imports nothing from `sp
 - `packed_linear`, `gqa_attention`  faster CPU kernels with the same outputs;
 - `sampling`, `stopping`, `outputs`  warping and drawing tokens, stop strings, outputs and costs;
 - `text_state`   shared text <-> one member's ids and cache (cross-tokenizer bookkeeping);
+- `retokenize`   a growing text <-> ids under another tokenizer, touching only the changed tail
+                 (what a drafter with another tokenizer follows the target by);
 - `registry`, `cli_models`  the offline model registry and its CLI; `prompts`, `errors`, `testing`.
 """

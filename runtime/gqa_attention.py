@@ -39,9 +39,14 @@ def gqa_sdpa_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
 
 
 def register() -> None:
+    """Register the attention function, and sdpa's mask function under the same name (without one,
+    transformers builds no mask for it, and its own multi-token cached forwards, e.g. assisted
+    generation's verification, would attend causally from the wrong corner)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(NAME, gqa_sdpa_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
 def use_gqa_sdpa(model: nn.Module) -> bool:

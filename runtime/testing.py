@@ -2,6 +2,8 @@
 
 - `char_tokenizer()`: one token per character (plus BOS/EOS), a character-level tokenizer.
 - `bpe_tokenizer(vocab_size)`: a byte-level BPE trained on the fly on a small English corpus.
+- `pieces_tokenizer(pieces, merges)`: a BPE over given pieces and merges (tiny vocabularies that
+  spell the same characters differently, for exact-law tests across tokenizers).
 - `tiny_model(arch, vocab_size, seed)`: a 2-layer llama / qwen2 / gemma3 (gemma3 with a sliding
   window of 4 on alternate layers, so sliding masks are exercised).
 - `tiny_member(arch, tokenizer, seed)`: both wrapped as an `runtime.member.Member`.
@@ -55,6 +57,19 @@ def bpe_tokenizer(vocab_size: int = 300):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+@functools.lru_cache(maxsize=None)
+def pieces_tokenizer(pieces: tuple[str, ...], merges: tuple[tuple[str, str], ...], eos: str = "</s>"):
+    """A BPE tokenizer whose vocabulary is exactly `pieces` (ids in that order; single characters and
+    merged pieces, `eos` among them) and whose `merges` say how pieces combine; the text is not
+    pre-split, so merges apply across the whole string. EOS = `eos`."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=list(merges)))
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos)
 
 
 def tiny_model(arch: str = "llama", vocab_size: int = 64, seed: int = 0, hidden: int = 32, layers: int = 2):

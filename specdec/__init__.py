@@ -6,11 +6,12 @@ from specdec.config import DEFAULT_SHAPE, DEFAULT_STOP_BELOW, DecodeControl, Dra
 from specdec.drafts import SCHEMES, sample_drafts
 from specdec.results import DecodeResult, RowResult, RowStats
 from specdec.verifiers import METHODS, VerifyResult, output_law, residual, verify
-from specdec.drafters import (HybridDrafter, ModelDrafter, PromptLookupDrafter, default_shape, make_drafter,
-                              parse_drafter_spec)
+from specdec.drafters import (HybridDrafter, ModelDrafter, PromptLookupDrafter, TextDrafter, default_shape,
+                              make_drafter, parse_drafter_spec)
 from specdec.engine import SpeculativeGenerator
 
 __all__ = ["Acceptance", "expected_acceptance", "optimal_acceptance", "DEFAULT_SHAPE", "DEFAULT_STOP_BELOW",
            "DecodeControl", "DraftLimit", "TreeShape", "SCHEMES", "sample_drafts", "DecodeResult", "RowResult",
            "RowStats", "METHODS", "VerifyResult", "output_law", "residual", "verify", "HybridDrafter", "ModelDrafter",
-           "PromptLookupDrafter", "default_shape", "make_drafter", "parse_drafter_spec", "SpeculativeGenerator"]
+           "PromptLookupDrafter", "TextDrafter", "default_shape", "make_drafter", "parse_drafter_spec",
+           "SpeculativeGenerator"]

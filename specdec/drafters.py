@@ -1,6 +1,8 @@
 """Drafters: propose a `DraftTree` per row on top of the target's current ids.
 
 - `ModelDrafter(member)` (`specdec.model_drafter`): a small LM with the target's tokenizer.
+- `TextDrafter(member)` (`specdec.text_drafter`): a small LM with ANY tokenizer, drafting through
+  text; the engine turns a `ModelDrafter` whose tokenizer differs from the target's into one.
 - `PromptLookupDrafter`: model-free. Suffix n-grams of prompt+output matched earlier in the same
   text give up to n distinct continuations, merged into a deterministic trie.
 - `HybridDrafter(model, lookup)`: lookup where it finds a long enough continuation, the model
@@ -21,10 +23,11 @@ from runtime.sampling import SamplingParams
 from specdec.config import DEFAULT_SHAPE, DEFAULT_STOP_BELOW, DraftLimit, TreeShape
 from specdec.drafter_base import Drafter, drafter_member, kept_prefix, resolve_limit
 from specdec.model_drafter import ModelDrafter, check_same_tokenizer, quantize_int8
+from specdec.text_drafter import TextDrafter
 from specdec.tree import DraftTree, tree_from_sequences
 
-__all__ = ["Drafter", "ModelDrafter", "PromptLookupDrafter", "HybridDrafter", "DrafterSpec", "parse_drafter_spec",
-           "make_drafter", "default_shape", "drafter_member", "check_same_tokenizer", "quantize_int8",
+__all__ = ["Drafter", "ModelDrafter", "TextDrafter", "PromptLookupDrafter", "HybridDrafter", "DrafterSpec",
+           "parse_drafter_spec", "make_drafter", "default_shape", "drafter_member", "check_same_tokenizer", "quantize_int8",
            "DEFAULT_SHAPE", "DEFAULT_STOP_BELOW"]
 
 
@@ -206,8 +209,8 @@ def make_drafter(spec: Any, load: Loader | None = None, *, dtype: str = "float32
 
     `load(name)` loads a model (the caller's runtime loader; default `runtime.loader.load`
     with `dtype`); for '@int8' it is called as `load(name, pack_weights=False)`, since int8
-    quantization needs the plain Linear weights. ConfigError on a bad spec; a drafter whose
-    tokenizer differs from the target's is refused when a generator binds it."""
+    quantization needs the plain Linear weights. ConfigError on a bad spec. A model whose tokenizer
+    differs from the target's drafts through text (`TextDrafter`) once a generator binds it."""
     kind, name = parse_drafter_spec(spec)
     if kind == "drafter":
         return spec

@@ -7,9 +7,11 @@ runs over that node's drafts with the target's p and the drafter's q there; an a
 to its child, a rejection emits the verifier's residual token and stops, a leaf emits a bonus token
 drawn from p; the cache keeps only the accepted path (`KVState.accept`).
 
-Deterministic drafts (prompt lookup, or any drafts at temperature 0) are verified by the one
-lossless rule that fits them: draw y ~ p (argmax at temperature 0) and accept the child whose token
-is y, if any. Its acceptance is p(children) = α* for deterministic drafts.
+Deterministic drafts (prompt lookup, a `TextDrafter`'s drafts from a model with another tokenizer,
+or any drafts at temperature 0) are verified by the one lossless rule that fits them: draw y ~ p
+(argmax at temperature 0) and accept the child whose token is y, if any. Its acceptance is
+p(children) = α* for deterministic drafts; it makes the same draws as plain sampling, so with the
+same generators the output is the plain one, token for token.
 
 Cost model (measured on the 2-core AVX2 CPU these tests run on, fp32, one torch thread): the
 target's forward over N = 2..8 tokens costs ~2.5-3x its one-token forward (MKL's small-N GEMM is far
@@ -35,6 +37,7 @@ from specdec.bound import optimal_acceptance
 from specdec.config import DEFAULT_SHAPE, DecodeControl, DraftLimit, TreeShape
 from specdec.drafter_base import Drafter, drafter_member
 from specdec.results import DecodeResult, RowResult, RowStats
+from specdec.text_drafter import fit_drafter
 from specdec.tree import DraftTree, forward_inputs
 from specdec.verifiers import check_method, verify
 
@@ -66,7 +69,8 @@ class SpeculativeGenerator:
     depth, node_budget, stop_below, where given, replace those fields of it. verifier: a method of
     `specdec.verifiers.verify` (default per scheme), with `verifier_params` (e.g. `rho` for k-seq);
     track_alpha: also report α* per depth. ValueError on a bad shape or a verifier that does not fit
-    the scheme; TokenizerMismatchError when the drafter's model has another tokenizer."""
+    the scheme. A model drafter with another tokenizer than the target's drafts through text
+    (`specdec.text_drafter.fit_drafter`: `self.drafter` is then a `TextDrafter` of its member)."""
 
     def __init__(self, target: Member, drafter: Drafter | None = None, shape: TreeShape | None = None, *,
                  scheme: str | None = None, num_drafts: int | None = None, depth: int | None = None,
@@ -75,14 +79,12 @@ class SpeculativeGenerator:
         given = dict(scheme=scheme, num_drafts=num_drafts, depth=depth, node_budget=node_budget, stop_below=stop_below)
         self.shape = replace(shape or DEFAULT_SHAPE, **{k: v for k, v in given.items() if v is not None})
         self.target = target
-        self.drafter = drafter
+        self.drafter = fit_drafter(drafter, target) if drafter is not None else None
         self.verifier = verifier or default_verifier(self.shape.scheme)
         check_method(self.verifier, self.shape.scheme, 2)  # the method fits the scheme (n is checked per node)
         self.verifier_params = verifier_params
         self.track_alpha = track_alpha
         self._verify: NodeVerifier = node_verifier(self.verifier, self.shape.scheme, verifier_params)
-        if drafter is not None:
-            drafter.bind(target)
 
     @property
     def drafter_member(self) -> Member | None:

@@ -3,6 +3,7 @@ shape. Without --drafter it runs plain decoding through the same engine and prin
 
     adafuse generate --model qwen2.5-coder-1.5b --drafter lookup --prompt "..."
     adafuse generate --model qwen2.5-coder-1.5b --drafter qwen2.5-coder-0.5b --scheme greedy --drafts 2 --depth 3 ...
+    adafuse generate --model qwen2.5-coder-0.5b --drafter smollm2-135m --prompt "..."   (another tokenizer)
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The speculative flags of `adafuse generate`."""
     g = parser.add_argument_group("speculative decoding (with --model)")
     g.add_argument("--drafter", default=None,
-                   help="draft model sharing the target's tokenizer (registry name, folder, hub id), 'lookup' "
-                        "(model-free prompt lookup), 'hybrid:NAME' (lookup, else the model); NAME@int8: the "
-                        "model's decoder layers quantized to int8")
+                   help="draft model (registry name, folder, hub id; another tokenizer than the target's drafts "
+                        "through text), 'lookup' (model-free prompt lookup), 'hybrid:NAME' (lookup, else the "
+                        "model); NAME@int8: the model's decoder layers quantized to int8")
     g.add_argument("--scheme", default=None, choices=list(SCHEMES),
                    help="how n drafts are drawn per tree node when sampling (default greedy)")
     g.add_argument("--drafts", type=int, default=None, help="drafts (children) per expanded tree node")

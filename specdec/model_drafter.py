@@ -1,4 +1,5 @@
-"""`ModelDrafter`: a small LM with the target's tokenizer drafts the tree.
+"""`ModelDrafter`: a small LM with the target's tokenizer drafts the tree (another tokenizer:
+`specdec.text_drafter.TextDrafter`, which the engine picks by itself).
 
 It expands the tree level by level, one drafter forward per depth (all frontier nodes of all rows
 in one forward), n children per expanded node drawn by the scheme from that node's warped q. At
@@ -25,14 +26,18 @@ from specdec.tree import DraftTree, add_children
 _NO_BUDGET = 10 ** 9
 
 
+def same_tokenizer(target: Member, drafter: Member) -> bool:
+    """Whether both members map the same strings to the same ids."""
+    return target.tokenizer is drafter.tokenizer or target.tokenizer.get_vocab() == drafter.tokenizer.get_vocab()
+
+
 def check_same_tokenizer(target: Member, drafter: Member) -> None:
     """Raise TokenizerMismatchError unless both members map the same strings to the same ids."""
-    tv, dv = target.tokenizer.get_vocab(), drafter.tokenizer.get_vocab()
-    if tv != dv:
+    if not same_tokenizer(target, drafter):
         raise TokenizerMismatchError(
             f"drafter '{drafter.name}' and target '{target.name}' use different tokenizers "
-            f"({len(dv)} vs {len(tv)} tokens); use a drafter from the target's family "
-            f"(e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b) or the model-free --drafter lookup")
+            f"({len(drafter.tokenizer)} vs {len(target.tokenizer)} tokens); a ModelDrafter drafts in the "
+            f"target's tokens: use specdec.text_drafter.TextDrafter (SpeculativeGenerator picks it by itself)")
 
 
 def draft_distribution(logits: torch.Tensor, vocab: int | None, sampling: SamplingParams) -> torch.Tensor:

@@ -133,3 +133,18 @@ def forward_inputs(tree: DraftTree, pending: int | None) -> tuple[list[int], lis
         tokens.append(tree.tokens[i])
         parents.append(index[tree.parents[i]])
     return tokens, parents, index
+
+
+def leaf_paths(tree: DraftTree) -> list[list[int]]:
+    """The token ids on the path from the root to every leaf, in node order ([] for an empty tree)."""
+    has_child = set(tree.parents[1:])
+    out = []
+    for i in range(1, len(tree)):
+        if i in has_child:
+            continue
+        path, node = [], i
+        while node > 0:
+            path.append(tree.tokens[node])
+            node = tree.parents[node]
+        out.append(path[::-1])
+    return out

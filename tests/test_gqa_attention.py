@@ -31,3 +31,15 @@ def test_only_sdpa_models_are_switched():
     model = tiny_model("llama")
     model.set_attn_implementation("eager")
     assert not use_gqa_sdpa(model) and model.config._attn_implementation == "eager"
+
+
+def test_transformers_generate_with_multi_token_steps_is_unchanged():
+    """transformers' own prompt-lookup generate (multi-token forwards on a cache, masks built by
+    transformers) gives the same greedy tokens with the grouped attention as with sdpa."""
+    ref_model = tiny_model("qwen2")
+    model = copy.deepcopy(ref_model)
+    assert use_gqa_sdpa(model)
+    x = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False, prompt_lookup_num_tokens=4,
+              pad_token_id=0)
+    assert torch.equal(model.generate(x, **kw), ref_model.generate(x, **kw))

@@ -163,13 +163,19 @@ def test_decode_rows_sources_and_uncommitted_last_token(pair, which):
     assert repr(res).startswith("DecodeResult(rows=3, tokens=[7, 0, 7], sources=recorded, uncommitted=")
 
 
-def test_tokenizer_mismatch_is_one_clear_line():
+def test_tokenizer_mismatch_drafts_through_text():
+    """A ModelDrafter drafts in the target's tokens: bound directly to a target with another tokenizer
+    it refuses in one clear line; the engine instead drafts with its member through text."""
+    from specdec.text_drafter import TextDrafter
+
     target = tiny_member("llama", tokenizer=char_tokenizer(), name="char-target")
     drafter = tiny_member("llama", tokenizer=bpe_tokenizer(), name="bpe-drafter")
     with pytest.raises(TokenizerMismatchError) as err:
-        SpeculativeGenerator(target, ModelDrafter(drafter))
+        ModelDrafter(drafter).bind(target)
     msg = str(err.value)
-    assert "\n" not in msg and "char-target" in msg and "bpe-drafter" in msg and "lookup" in msg
+    assert "\n" not in msg and "char-target" in msg and "bpe-drafter" in msg and "TextDrafter" in msg
+    g = SpeculativeGenerator(target, ModelDrafter(drafter))
+    assert isinstance(g.drafter, TextDrafter) and g.drafter.member is drafter
 
 
 def test_alpha_star_reported_beside_acceptance(pair):
