@@ -26,3 +26,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fake_backend(monkeypatch: pytest.MonkeyPatch):
+    """The `fake` eval backend (`eval.testing`), registered for one test, caches cleared around it."""
+    from eval import methods
+    from eval.testing import register_fake
+
+    monkeypatch.setitem(methods.METHODS, "fake", methods.METHODS.get("fake"))
+    register_fake()
+    methods.clear_caches()
+    yield
+    methods.clear_caches()
+
+
+@pytest.fixture
+def data(tmp_path):
+    """A small synthetic copy of every task's data files (16 rows each); a test file may define its own."""
+    from eval.testing import make_data
+
+    return make_data(tmp_path / "data", n=16)

@@ -24,18 +24,7 @@ from eval.testing import FakeGenerator, make_data, register_fake
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _fake_method(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(methods.METHODS, "fake", methods.METHODS.get("fake"))
-    register_fake()
-    methods.clear_caches()
-    yield
-    methods.clear_caches()
-
-
-@pytest.fixture
-def data(tmp_path: Path) -> Path:
-    return make_data(tmp_path / "data", n=16)
+pytestmark = pytest.mark.usefixtures("fake_backend")   # conftest: the fake backend; `data` too
 
 
 def _cfg(data: Path, out: Path, tasks=("gsm8k",), limit=6, **extra) -> dict:

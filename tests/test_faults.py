@@ -37,18 +37,7 @@ HOLD = ("import sys; from eval.folder_lock import hold; shard = tuple(map(int, s
         "if len(sys.argv) > 2 else None\nwith hold(sys.argv[1], shard):\n    print('held', flush=True); sys.stdin.read()")
 
 
-@pytest.fixture(autouse=True)
-def _fake_method(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(methods.METHODS, "fake", methods.METHODS.get("fake"))
-    register_fake()
-    methods.clear_caches()
-    yield
-    methods.clear_caches()
-
-
-@pytest.fixture
-def data(tmp_path: Path) -> Path:
-    return make_data(tmp_path / "data", n=16)
+pytestmark = pytest.mark.usefixtures("fake_backend")   # conftest: the fake backend; `data` too
 
 
 def _config(tmp_path: Path, data: Path, limit: int = 6, delay: float = 0.0, **run) -> Path:
