@@ -19,7 +19,7 @@ from eval import methods
 from eval.config import parse_config
 from eval.report import collect, markdown_table, report
 from eval.runner import evaluate, read_predictions
-from eval.testing import FakeGenerator, make_data, register_fake
+from eval.testing import FakeGenerator
 
 REPO = Path(__file__).resolve().parents[1]
 

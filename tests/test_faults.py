@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval import methods
 from eval.cli import main as adafuse_main
 from eval.folder_lock import FolderBusyError, hold
 from eval.runner import read_predictions
-from eval.testing import make_data, register_fake
+
 from runtime import files
 from runtime.files import DiskFullError, append_line, write_json_atomic
 
