@@ -145,16 +145,17 @@ def reference(sc: Scenario, root: Path) -> tuple[Path, int, float, float]:
     return out, _lines(log), (last - first) if first is not None else total, total
 
 
-def _kill_delay(sc: Scenario, proc: subprocess.Popen, log: Path, rng: random.Random, total: float, work: float,
+def _kill_delay(sc: Scenario, proc: subprocess.Popen, out: Path, log: Path, rng: random.Random, total: float, work: float,
                 total_rows: int) -> float:
     """Seconds from now to the kill: logging commands first wait for this start's first prompt (so
-    the kill lands in the work, not the imports), then a uniform share of the work left."""
+    the kill lands in the work, not the imports), then a uniform share of the work left (by the
+    records on disk: one per prompt of the uninterrupted run)."""
     if not sc.log:
         return rng.uniform(0.3, 0.9) * total
-    before = _lines(log)
+    before, done = _lines(log), sum(map(len, snapshot(out).values())) if out.exists() else 0
     while proc.poll() is None and _lines(log) == before:
         time.sleep(0.01)
-    left = max(0.05, 1 - before / max(total_rows, 1))
+    left = max(0.05, 1 - done / max(total_rows, 1))
     return rng.uniform(0.0, work * left)
 
 
@@ -168,7 +169,7 @@ def inject(sc: Scenario, root: Path, kills: int, rng: random.Random, total: floa
         res.attempts += 1
         if res.kills < kills:
             try:
-                proc.wait(timeout=_kill_delay(sc, proc, log, rng, total, work, total_rows))
+                proc.wait(timeout=_kill_delay(sc, proc, out, log, rng, total, work, total_rows))
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
