@@ -20,7 +20,7 @@ from adafuse.methods import GenerationRequest, Method, get_method
 from adafuse.methods.base import check_members
 from runtime.devices import check_devices
 from runtime.errors import ConfigError
-from runtime.loader import load
+from runtime.loader import default_loader, load
 from runtime.outputs import GenerationOutput
 from specdec import drafters as dr
 from specdec.engine import SpeculativeGenerator
@@ -59,6 +59,17 @@ def build_speculator(target, drafter: Any, dtype: str, device: str = "cpu") -> A
     return SpeculativeGenerator(target, drafter, dr.default_shape(drafter))
 
 
+def model_specs(members: Sequence[Any], drafters: Sequence[Any] | None) -> list[tuple[Any, bool]]:
+    """(spec, pack_weights) of every model an ensemble loads: its members, then its drafters' models
+    ('@int8' drafters load unpacked weights; 'lookup' and ready objects load none)."""
+    specs = [(m, True) for m in members]
+    for d in drafters or []:
+        kind, name = dr.parse_drafter_spec(d)
+        if name:
+            specs.append((name, not kind.endswith("-int8")))
+    return specs
+
+
 class Ensemble:
     """Members + a method + its options. `generate` runs a batch of prompts."""
 
@@ -74,6 +85,9 @@ class Ensemble:
             raise ConfigError(f"drafters must list one entry (or None) per member: {len(members)} members, "
                               f"{len(drafters)} drafters")
         places = check_devices(list(devices) if devices is not None else None, len(members)) or ["cpu"] * len(members)
+        on_cpu = [p == "cpu" for p in places]  # RAM: what loads on the CPU, all together, before the first load
+        default_loader().check_fit(model_specs([m for m, c in zip(members, on_cpu) if c],
+                                               [d for d, c in zip(drafters or [None] * len(members), on_cpu) if c]), dtype)
         self.members = [load(m, dtype=dtype, device=d) for m, d in zip(members, places)]
         self.speculators = [None if d is None else build_speculator(m, d, dtype, place)
                             for m, d, place in zip(self.members, drafters or [None] * len(self.members), places)]

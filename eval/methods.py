@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Protocol
 
-from adafuse.ensemble import Ensemble, EnsembleConfig
+from adafuse.ensemble import Ensemble, EnsembleConfig, model_specs
 from runtime.devices import check_device, check_devices
 from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
@@ -64,7 +64,10 @@ def known_methods() -> list[str]:
 def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | None = None,
                   device: str = "cpu", **options: Any) -> Generator:
     _check_single(members, dtype, drafter, options)
-    target = load(members[0], dtype=dtype, device=check_device(device))
+    device = check_device(device)
+    if device == "cpu":  # target + drafter in RAM together, before either loads
+        default_loader().check_fit(model_specs(members, [drafter]), dtype)
+    target = load(members[0], dtype=dtype, device=device)
     if drafter is None:
         return target
     return _speculative(target, drafter, dtype, options, device)

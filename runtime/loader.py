@@ -72,6 +72,29 @@ class MemberLoader:
             self._members[key] = _load(spec, torch_dtype, where, pack_weights)
         return self._members[key]
 
+    def check_fit(self, specs: Sequence[tuple[Any, bool]], dtype: str | torch.dtype | None = None,
+                  device: str | torch.device | None = None) -> None:
+        """Before the first of several loads (an ensemble's members and drafters): raise a one-line
+        `InsufficientMemoryError` with each model's size, the sum and the free RAM when the ones
+        not loaded yet would not fit together (`registry.check_memory`). `specs`: (spec,
+        pack_weights) pairs; Members, (model, tokenizer) pairs and cached specs count as loaded;
+        a spec named twice counts once."""
+        from runtime import registry
+
+        torch_dtype = self.dtype if dtype is None else resolve_dtype(dtype)
+        where = self.device if device is None else _device(device)
+        todo: dict[CacheKey, str] = {}
+        for spec, packed in specs:
+            if isinstance(spec, os.PathLike):
+                spec = os.fspath(spec)
+            if not isinstance(spec, str) or not spec.strip():
+                continue
+            key = (_spec_key(spec), torch_dtype, where) + (() if packed else ("unpacked",))
+            if key not in self._members:
+                todo.setdefault(key, spec)
+        if len(todo) > 1:  # one model alone is checked by load_member as it loads
+            registry.check_memory(list(todo.values()), str(torch_dtype).replace("torch.", ""))
+
     def members(self, specs: Sequence[Any]) -> list[Member]:
         """`member(spec)` for each spec, in order."""
         return [self.member(s) for s in specs]
