@@ -91,16 +91,38 @@ def _alpha_without(p: torch.Tensor, q: torch.Tensor, n: int, tol: float = PRUNE_
         return _alpha_with(p, q, n, buckets)
     top = torch.topk(q, n - 1)  # sorted, largest first
     used = torch.cat([q.new_zeros(1), torch.cumsum(top.values, 0)])  # m_i, i = 0..n-1
-    # upper bounds from Q(H) >= Π (q(H) - m_i)/(1 - m_i), at the boundaries where "with" is lowest
-    near = candidate_range(lower < min(0.0, float(at_edges.min())))
-    edges = slice(near[0], near[1] + 2) if near is not None else slice(None)
-    kept = (1.0 - buckets.r_from[edges])[:, None]
-    q_low = ((kept - used) / (1.0 - used)).clamp(min=0.0).prod(1)
-    best = min(0.0, float((buckets.p_before[edges] - q_low).min()))
-    span = candidate_range(lower <= best + 1e-12)  # every bucket that can hold the minimum (and some slack)
-    w = window(buckets, p, q, *(span if span is not None else (0, lower.shape[0] - 1)))
+    # upper bounds at every boundary from Q(H) >= Π (q(H) - m_i)/(1 - m_i)
+    kept = (1.0 - buckets.r_from)[:, None]
+    upper = buckets.p_before - ((kept - used) / (1.0 - used)).clamp(min=0.0).prod(1)
+    best = min(0.0, float(upper.min()))
     rest = q.clone()
     rest[top.indices] = 0.0
     c_glob = float(rest.sum())  # q(Σ) − (n−1 largest q), summed directly (precise when tiny)
+    empty = q.new_zeros(0)
+    for b in {int(at_edges.argmin()), int(upper.argmin())}:  # exact values where the bounds are lowest
+        q_b = q_without_window(q, buckets.bucket < b, empty, buckets.r_from[b: b + 1], n, c_glob)
+        best = min(best, float(buckets.p_before[b] - q_b[0]))
+    span = candidate_range(lower <= best + 1e-12)  # every bucket that can hold the minimum (and some slack)
+    span = span if span is not None else (0, lower.shape[0] - 1)
+    span = _tighter_span(buckets, q, n, span, best + 1e-12)
+    w = window(buckets, p, q, *span)
     q_pre = q_without_window(q, buckets.bucket < w.first, w.q, w.r, n, c_glob)
-    return 1.0 + min(0.0, float((w.p_prefix - q_pre).min()))
+    return 1.0 + min(best, float((w.p_prefix - q_pre).min()))
+
+
+def _tighter_span(buckets: RatioBuckets, q: torch.Tensor, n: int, span: tuple[int, int], best: float,
+                  heavy: int = 16) -> tuple[int, int]:
+    """Shrink the candidate span with a tighter bound Q(H) <= Σ_{x∈H} q_x ((q(H) − q_x)/(1 − q_x))^(n−1)
+    (condition on the first draw x, then the "with" bound for the other n−1 draws from q without x),
+    written for the `heavy` largest q exactly and q(H)^(n−1) per unit mass for the rest."""
+    first, last = span
+    top = torch.topk(q, min(heavy, q.shape[0] - 1))
+    kept = 1.0 - buckets.r_from[first + 1: last + 2]  # q(H⁺) of each bucket in the span
+    inside = (buckets.bucket[top.indices][None, :] <= torch.arange(first, last + 1)[:, None])  # heavy x in H⁺
+    qh = top.values[None, :]
+    inner = ((kept[:, None] - qh).clamp(min=0.0) / (1.0 - qh)) ** (n - 1)
+    light = (kept - (qh * inside).sum(1)).clamp(min=0.0)
+    q_up = torch.minimum(kept ** (n - 1) * light + (qh * inner * inside).sum(1), pow_kept(buckets.r_from[first + 1: last + 2], n))
+    lower = buckets.p_before[first: last + 1] - q_up
+    found = candidate_range(lower <= best)
+    return (first + found[0], first + found[1]) if found is not None else span

@@ -31,6 +31,9 @@ _LINEAR_T_MAX = 600.0  # above r t = 600 exp(-r t) nears underflow: log-domain s
 _POINT_CHUNK = 32
 _TOKEN_BLOCK = 4096
 _TINY = 1e-3  # moments of tokens with q t_max <= this need only n - 1 + few terms
+_SURE = 40.0  # a clock with q t > 40 has rung by t but for e^{-40} ~ 4e-18
+_SPAN = 600.0  # largest t Σ q inside one rescaled block (e^600 < float64 max)
+_CHUNK_RATIO = 10.0  # points scanned together differ by <= this factor in t, so q t_max <= 400 for non-sure q
 _NEGLIGIBLE = 1e-30  # points where P(N_A(t) < n) is below this add nothing to any window prefix
 
 
@@ -188,8 +191,12 @@ def window_sum(q_win: torch.Tensor, r: torch.Tensor, t: torch.Tensor, log_c0: to
     out = torch.zeros_like(r)
     if bool(lin.any()):
         out += _scan_linear(q_win, r, t[lin], (log_c0[:, lin] - r[0] * t[lin]).exp(), n)
-    if bool((~lin).any()):
-        out += _scan_log(q_win, r, t[~lin], log_c0[:, ~lin] - r[0] * t[~lin], n, want_sum=True)[0]
+    t_log, c_log = t[~lin], log_c0[:, ~lin]
+    start = 0
+    while start < t_log.shape[0]:  # chunks of points within a factor _CHUNK_RATIO of each other
+        stop = int((t_log <= t_log[start] * _CHUNK_RATIO).sum())
+        out += _scan_rescaled(q_win, r, t_log[start:stop], c_log[:, start:stop], n)
+        start = stop
     return out
 
 
@@ -203,7 +210,7 @@ def _scan_linear(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, d0: torch.
     tt = t[:, None]
     carry = d0.clone()  # d_j at the previous block's last prefix
     out[0] = (r[0] * t * torch.minimum(carry.sum(0), torch.exp(-r[0] * t))).sum()
-    block = min(v, _TOKEN_BLOCK)
+    block = max(1, min(v, _TOKEN_BLOCK))
     bufs = [torch.empty((p_num, block), dtype=torch.float64) for _ in range(5)]
     for a in range(0, v, block):
         b = min(v, a + block)
@@ -228,33 +235,91 @@ def _scan_linear(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, d0: torch.
     return out
 
 
-def _log_expm1(x: torch.Tensor) -> torch.Tensor:
-    big = x > 1.0
-    return torch.where(big, x + torch.log1p(-torch.exp(-x.clamp(min=1.0))), torch.log(torch.expm1(x.clamp(max=1.0))))
+def _scan_rescaled(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, log_c0: torch.Tensor, n: int) -> torch.Tensor:
+    """The scan for points where r t > 600 (e^{-r t} would underflow): Σ_points r_k t e^{-r_k t} P(N_k < n).
+
+    Tokens with q t_min > _SURE have rung by every point here (error <= e^{-_SURE} each): they are
+    counted (s_k), not multiplied in. For the rest, D_j(k) = g_k c~_j(k) with g_k = e^{t Σ q} over the
+    block so far obeys D_j(k) = D_j(k-1) + (e^{q_k t} - 1) D_{j-1}(k-1); blocks end before that sum
+    passes _SPAN, so nothing overflows, and the state crosses blocks as log c~. P(N_k < n) sums the
+    levels j < n - s_k. Points whose P(N < n) falls below _NEGLIGIBLE are dropped (N only grows)."""
+    v = q_s.shape[0]
+    out = torch.zeros(v + 1, dtype=torch.float64)
+    out[0] = (r[0] * t * torch.exp(torch.minimum(torch.logsumexp(log_c0, 0) - r[0] * t, -r[0] * t))).sum()
+    sure = q_s * float(t.min()) > _SURE
+    sure_before = torch.cumsum(sure, 0)  # s_k for k = 1..W
+    q_rest = q_s.masked_fill(sure, 0.0)
+    ids = torch.floor(torch.cumsum(q_rest, 0) * (float(t.max()) / _SPAN))
+    cuts = (ids[1:] != ids[:-1]).nonzero().squeeze(1) + 1
+    ends = sorted(set(cuts.tolist()) | set(range(_TOKEN_BLOCK, v, _TOKEN_BLOCK)) | {v})
+    level = torch.arange(n)[:, None]
+    log_c, a = log_c0.clone(), 0
+    for b in ends:
+        tt = t[:, None]
+        x = q_rest[None, a:b] * tt  # [P, L]
+        e = torch.expm1(x)
+        log_g = torch.cumsum(x, 1)
+        d = log_c.exp()  # D_j(a) = c~_j(a)
+        lev = d[0][:, None].expand_as(e)
+        s_k = sure_before[a:b][None, :]
+        d_sum = lev * (s_k <= n - 1)
+        ends_c = [d[0]]
+        for j in range(1, n):
+            terms = e * torch.cat([d[j - 1][:, None], lev[:, :-1]], 1)
+            lev = torch.cumsum(terms, 1) + d[j][:, None]
+            d_sum = d_sum + lev * (s_k <= n - 1 - j)
+            ends_c.append(lev[:, -1])
+        r_here = r[None, a + 1: b + 1] * tt
+        out[a + 1: b + 1] += (r_here * torch.exp(torch.minimum(torch.log(d_sum) - log_g - r_here, -r_here))).sum(0)
+        log_c = (torch.log(torch.stack(ends_c)) - log_g[:, -1]).clamp(max=0.0)
+        alive = torch.logsumexp(torch.where(level <= n - 1 - int(sure_before[b - 1]), log_c, -math.inf), 0)
+        keep = alive > math.log(_NEGLIGIBLE)
+        if not bool(keep.any()):
+            break
+        t, log_c, a = t[keep], log_c[:, keep], b
+    return out
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - e^{-x}) for x >= 0, accurate at both ends."""
+    small = x <= math.log(2.0)
+    return torch.where(small, torch.log(-torch.expm1(-x.clamp(max=math.log(2.0)))),
+                       torch.log1p(-torch.exp(-x.clamp(min=math.log(2.0)))))
 
 
 def _scan_log(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, log_d0: torch.Tensor, n: int,
               want_sum: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-domain scan from log d_j(0) = log_d0 [n, P]: (Σ_points r_k t e^{-r_k t} P(N_k < n) [W+1]
-    when want_sum, log d_j at the last prefix [n, P])."""
+    when want_sum, log d_j at the last prefix [n, P]).
+
+    The terms are log w_l + log c_{j-1}(l-1) with log w_l = -r_l t + log(1 - e^{-q_l t}) taken from the
+    tail masses r_l directly, so no two exponents of size r t are subtracted; log c = log d + r t is
+    capped at 0 (a probability), so a state that has lost its precision (r t ~1e16 and more) can only
+    add terms of weight <= e^{-r t}."""
     v = q_s.shape[0]
     out = torch.zeros(v + 1, dtype=torch.float64)
     tt = t[None, :]
-    carry = log_d0.clone()
+    carry = log_d0.clone()  # log d_j at the previous block's last prefix
+    carry_c = (carry + r[0] * t).clamp(max=0.0)  # log c_j there
     if want_sum:
         out[0] = (r[0] * t * torch.exp(torch.minimum(torch.logsumexp(carry, 0), -r[0] * t))).sum()
     for a in range(0, v, _TOKEN_BLOCK):
         b = min(v, a + _TOKEN_BLOCK)
-        log_e = _log_expm1(q_s[a:b, None] * tt)
-        d_sum = carry[0].expand_as(log_e).clone()
-        prev = carry[0].expand_as(log_e)  # log d_0(l-1)
+        r_here = r[a + 1: b + 1, None] * tt  # r_l t
+        log_w = _log1mexp(q_s[a:b, None] * tt) - r_here
+        # level 0: c_0(l) = c_0(a) e^{-t Σ q}, the q summed directly
+        c_j = carry_c[0][None, :] - torch.cumsum(q_s[a:b], 0)[:, None] * tt
+        d_sum = c_j - r_here  # log d_0
         for j in range(1, n):
-            d_j = torch.logaddexp(carry[j][None], torch.logcumsumexp(log_e + prev, dim=0))
-            prev = torch.cat([carry[j][None], d_j[:-1]])
+            prev_c = torch.cat([carry_c[j - 1][None], c_j[:-1]])
+            carry_c[j - 1] = c_j[-1]
+            d_j = torch.logaddexp(carry[j][None], torch.logcumsumexp(log_w + prev_c, dim=0))
+            c_j = (d_j + r_here).clamp(max=0.0)
             carry[j] = d_j[-1]
             if want_sum:
                 d_sum = torch.logaddexp(d_sum, d_j)
+        carry_c[n - 1] = c_j[-1]
+        carry[0] = carry_c[0] - r[b] * t
         if want_sum:
-            r_here = r[a + 1: b + 1, None] * tt
             out[a + 1: b + 1] = (r_here * torch.exp(torch.minimum(d_sum, -r_here))).sum(1)
     return out, carry
