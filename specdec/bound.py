@@ -7,12 +7,12 @@
   H⁺ can do no better than p(H⁻) − q(H⁺)^n, so only the buckets whose bound is below the best
   boundary value are sorted and scanned. Exact: the same prefixes a full sort finds the minimum at.
 - "greedy":  closed form p(G) + Σ_{x∉G} min(p(x), q'(x)), G = the n−1 most likely tokens of q.
-- "without": the same prefixes. Q(H) <= q(H)^n (each successive draw lands in H with probability
-  (q(H) − used)/(1 − used) <= q(H)), which bounds each bucket from below as for "with"; and
-  Q(H) >= Π_{i<n} (q(H) − m_i)/(1 − m_i), m_i = the i largest q summed, bounds each boundary from
-  above. Q is then computed only on the window of buckets that can hold the minimum
-  (`specdec.bound_without`): the count law of the clocks of everything before the window in
-  closed form, the window by the cumulative-sum scan. |error| on α* ~1e-10 (quadrature).
+- "without": the same prefixes. Upper bounds on the minimum: Q(H) >= Π_{i<n} (q(H) − m_i)/(1 − m_i)
+  (m_i = the i largest q summed) at every boundary, and an exact value at the boundary where that
+  bound is lowest. Lower bounds per bucket: Q(H) <= q(H)^n (each
+  successive draw lands in H with probability (q(H) − used)/(1 − used) <= q(H)), tightened by
+  conditioning on the first draw. Q is then computed only on the window of buckets that can hold
+  the minimum (`specdec.bound_without`). |error| on α* ~1e-10 (quadrature).
 
 All computation is float64. Tokens with q = 0 never enter an optimal H (they add p and no Q).
 The previous full-sort implementation is `specdec.bound_reference` (tests compare the two).
@@ -27,6 +27,7 @@ from specdec.drafts import check_n, check_pair, check_scheme, greedy_set, to_flo
 
 # "without": when α*(with) >= 1 - PRUNE_TOL, α*(without) in [α*(with), 1] is returned as α*(with)
 PRUNE_TOL = 1e-10
+_HEAVY = 16  # "without": the largest q that the first-draw bound treats one by one
 
 
 def optimal_acceptance(
@@ -89,34 +90,36 @@ def _alpha_without(p: torch.Tensor, q: torch.Tensor, n: int, tol: float = PRUNE_
     at_edges, lower = _with_bounds(buckets, n)
     if 1.0 + float(lower.min()) >= 1.0 - tol:  # α*(with) >= 1 - tol: nothing left to gain
         return _alpha_with(p, q, n, buckets)
-    top = torch.topk(q, n - 1)  # sorted, largest first
-    used = torch.cat([q.new_zeros(1), torch.cumsum(top.values, 0)])  # m_i, i = 0..n-1
-    # upper bounds at every boundary from Q(H) >= Π (q(H) - m_i)/(1 - m_i)
-    kept = (1.0 - buckets.r_from)[:, None]
-    upper = buckets.p_before - ((kept - used) / (1.0 - used)).clamp(min=0.0).prod(1)
-    best = min(0.0, float(upper.min()))
+    top = torch.topk(q, max(n - 1, min(_HEAVY, q.shape[0] - 1)))  # sorted, largest first
+    used = torch.cat([q.new_zeros(1), torch.cumsum(top.values[: n - 1], 0)])  # m_i, i = 0..n-1
+    # upper bounds from Q(H) >= Π (q(H) - m_i)/(1 - m_i), at the boundaries where it is > 0
+    first = int(torch.searchsorted(1.0 - buckets.r_from, used[-1:], right=True))
+    kept = (1.0 - buckets.r_from[first:])[:, None]
+    upper = buckets.p_before[first:] - ((kept - used) / (1.0 - used)).clamp(min=0.0).prod(1)
     rest = q.clone()
-    rest[top.indices] = 0.0
+    rest[top.indices[: n - 1]] = 0.0
     c_glob = float(rest.sum())  # q(Σ) − (n−1 largest q), summed directly (precise when tiny)
-    empty = q.new_zeros(0)
-    for b in {int(at_edges.argmin()), int(upper.argmin())}:  # exact values where the bounds are lowest
-        q_b = q_without_window(q, buckets.bucket < b, empty, buckets.r_from[b: b + 1], n, c_glob)
-        best = min(best, float(buckets.p_before[b] - q_b[0]))
+    best, attained = 0.0, 0.0  # an upper bound on the minimum; a value attained (H = ∅)
+    if upper.numel() and float(upper.min()) < 0:
+        best = float(upper.min())
+        b = first + int(upper.argmin())  # an exact value where the bound is lowest: usually near the minimum
+        q_b = q_without_window(q, buckets.bucket < b, q.new_zeros(0), buckets.r_from[b: b + 1], n, c_glob)
+        attained = min(attained, float(buckets.p_before[b] - q_b[0]))
+    best = min(best, attained)
     span = candidate_range(lower <= best + 1e-12)  # every bucket that can hold the minimum (and some slack)
     span = span if span is not None else (0, lower.shape[0] - 1)
-    span = _tighter_span(buckets, q, n, span, best + 1e-12)
+    span = _tighter_span(buckets, top, n, span, best + 1e-12)
     w = window(buckets, p, q, *span)
     q_pre = q_without_window(q, buckets.bucket < w.first, w.q, w.r, n, c_glob)
-    return 1.0 + min(best, float((w.p_prefix - q_pre).min()))
+    return 1.0 + min(attained, float((w.p_prefix - q_pre).min()))
 
 
-def _tighter_span(buckets: RatioBuckets, q: torch.Tensor, n: int, span: tuple[int, int], best: float,
-                  heavy: int = 16) -> tuple[int, int]:
+def _tighter_span(buckets: RatioBuckets, top, n: int, span: tuple[int, int], best: float) -> tuple[int, int]:
     """Shrink the candidate span with a tighter bound Q(H) <= Σ_{x∈H} q_x ((q(H) − q_x)/(1 − q_x))^(n−1)
     (condition on the first draw x, then the "with" bound for the other n−1 draws from q without x),
-    written for the `heavy` largest q exactly and q(H)^(n−1) per unit mass for the rest."""
+    written for the largest q (`top`: torch.topk's values and indices) exactly and q(H)^(n−1) per
+    unit mass for the rest."""
     first, last = span
-    top = torch.topk(q, min(heavy, q.shape[0] - 1))
     kept = 1.0 - buckets.r_from[first + 1: last + 2]  # q(H⁺) of each bucket in the span
     inside = (buckets.bucket[top.indices][None, :] <= torch.arange(first, last + 1)[:, None])  # heavy x in H⁺
     qh = top.values[None, :]
