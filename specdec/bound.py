@@ -91,14 +91,16 @@ def _alpha_without(p: torch.Tensor, q: torch.Tensor, n: int, tol: float = PRUNE_
     if 1.0 + float(lower.min()) >= 1.0 - tol:  # α*(with) >= 1 - tol: nothing left to gain
         return _alpha_with(p, q, n, buckets)
     top = torch.topk(q, max(n - 1, min(_HEAVY, q.shape[0] - 1)))  # sorted, largest first
-    used = torch.cat([q.new_zeros(1), torch.cumsum(top.values[: n - 1], 0)])  # m_i, i = 0..n-1
-    # upper bounds from Q(H) >= Π (q(H) - m_i)/(1 - m_i), at the boundaries where it is > 0
-    first = int(torch.searchsorted(1.0 - buckets.r_from, used[-1:], right=True))
-    kept = (1.0 - buckets.r_from[first:])[:, None]
-    upper = buckets.p_before[first:] - ((kept - used) / (1.0 - used)).clamp(min=0.0).prod(1)
     rest = q.clone()
     rest[top.indices[: n - 1]] = 0.0
     c_glob = float(rest.sum())  # q(Σ) − (n−1 largest q), summed directly (precise when tiny)
+    # 1 − m_i (m_i = the i largest q summed, i = 0..n-1) from the small end, so tiny values keep precision
+    tail = torch.flip(torch.cumsum(torch.flip(torch.cat([top.values[: n - 1], q.new_zeros(1)]), [0]), 0), [0])
+    outside = c_glob + tail  # [1 − m_0, ..., 1 − m_{n-1}]
+    # upper bounds from Q(H) >= Π (q(H) − m_i)/(1 − m_i) = Π (1 − q(Σ∖H)/(1 − m_i)), where that is > 0
+    first = int(torch.searchsorted(-buckets.r_from, torch.tensor([-c_glob], dtype=torch.float64), right=True))
+    factors = 1.0 - buckets.r_from[first:, None] / outside
+    upper = buckets.p_before[first:] - factors.clamp(min=0.0).prod(1)
     best, attained = 0.0, 0.0  # an upper bound on the minimum; a value attained (H = ∅)
     if upper.numel() and float(upper.min()) < 0:
         best = float(upper.min())
@@ -108,24 +110,29 @@ def _alpha_without(p: torch.Tensor, q: torch.Tensor, n: int, tol: float = PRUNE_
     best = min(best, attained)
     span = candidate_range(lower <= best + 1e-12)  # every bucket that can hold the minimum (and some slack)
     span = span if span is not None else (0, lower.shape[0] - 1)
-    span = _tighter_span(buckets, top, n, span, best + 1e-12)
+    span = _tighter_span(buckets, top, float(outside[1]), n, span, best + 1e-12)
     w = window(buckets, p, q, *span)
     q_pre = q_without_window(q, buckets.bucket < w.first, w.q, w.r, n, c_glob)
     return 1.0 + min(attained, float((w.p_prefix - q_pre).min()))
 
 
-def _tighter_span(buckets: RatioBuckets, top, n: int, span: tuple[int, int], best: float) -> tuple[int, int]:
+def _tighter_span(buckets: RatioBuckets, top, top_rest: float, n: int, span: tuple[int, int],
+                  best: float) -> tuple[int, int]:
     """Shrink the candidate span with a tighter bound Q(H) <= Σ_{x∈H} q_x ((q(H) − q_x)/(1 − q_x))^(n−1)
     (condition on the first draw x, then the "with" bound for the other n−1 draws from q without x),
     written for the largest q (`top`: torch.topk's values and indices) exactly and q(H)^(n−1) per
-    unit mass for the rest."""
+    unit mass for the rest. (q(H) − q_x)/(1 − q_x) = 1 − q(Σ∖H)/(1 − q_x), with 1 − q_x of the
+    largest q passed in summed from the small end (`top_rest`), so a q near 1 keeps its precision."""
     first, last = span
-    kept = 1.0 - buckets.r_from[first + 1: last + 2]  # q(H⁺) of each bucket in the span
+    r_up = buckets.r_from[first + 1: last + 2]  # q(Σ∖H⁺) of each bucket in the span
     inside = (buckets.bucket[top.indices][None, :] <= torch.arange(first, last + 1)[:, None])  # heavy x in H⁺
     qh = top.values[None, :]
-    inner = ((kept[:, None] - qh).clamp(min=0.0) / (1.0 - qh)) ** (n - 1)
+    others = 1.0 - top.values
+    others[0] = top_rest
+    inner = (1.0 - r_up[:, None] / others).clamp(min=0.0) ** (n - 1)
+    kept = 1.0 - r_up
     light = (kept - (qh * inside).sum(1)).clamp(min=0.0)
-    q_up = torch.minimum(kept ** (n - 1) * light + (qh * inner * inside).sum(1), pow_kept(buckets.r_from[first + 1: last + 2], n))
+    q_up = torch.minimum(kept ** (n - 1) * light + (qh * inner * inside).sum(1), pow_kept(r_up, n))
     lower = buckets.p_before[first: last + 1] - q_up
     found = candidate_range(lower <= best)
     return (first + found[0], first + found[1]) if found is not None else span

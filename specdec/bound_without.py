@@ -7,14 +7,16 @@ u = log t (step h, error ~exp(-π²/h)); limits from explicit tail bounds (|erro
 The prefixes are H_k = A ∪ {w_1..w_k} (k = 0..W): a large base set A and a short window of tokens.
 - The law of N_A(t), truncated at n, is a product Π_{i∈A} (e^{-q_i t} + (1 - e^{-q_i t}) z) mod z^n,
   so token order inside A does not matter. Tokens with q_i t_max > τ ("big", few) are multiplied in
-  one by one (a log-domain scan); for the rest, log Π (1 + w_i z) = Σ_m (-1)^{m+1} z^m S_m / m with
+  one by one (rescaled blocks, below); for the rest, log Π (1 + w_i z) = Σ_m (-1)^{m+1} z^m S_m / m with
   w_i = e^{q_i t} - 1 and power sums S_m(t) = Σ_k C[m, k] t^k M_k, C[m, k] the series coefficients of
   (e^x - 1)^m and M_k = Σ q_i^k: K moments over A once, then O(K n) per quadrature point. The
   exponential of that series (f' = G' f) costs O(n²) per point; its rounding error is at most
   ~eps (2e^τ - 1)^n, because e^{-x} h_j(w) <= (2e^τ - 1)^j for the complete symmetric h_j that
   bound the alternating terms. τ is chosen so that factor stays <= 1e3.
 - Along the window, d_j(k) = e^{-r_k t} P(N_{H_k}(t) = j) obeys d_j(k) = d_j(k-1) + (e^{q_k t} - 1)
-  d_{j-1}(k-1): one cumulative sum per count level, all terms positive (log domain once r t > 600).
+  d_{j-1}(k-1): one cumulative sum per count level, all terms positive. Where r t > 600 the same
+  recursion runs in blocks renormalised at each block's end, with clocks sure to have rung counted
+  instead of multiplied in (`_scan_rescaled`); the big tokens of A go through those blocks too.
 """
 from __future__ import annotations
 
@@ -27,12 +29,12 @@ import torch
 # as 0.8 / sqrt(n) (capped at 0.4); measured error vs a 0.12 step: <= ~3e-9 for n = 2..16
 _STEP_SCALE, _STEP_MAX = 0.8, 0.4
 _STEP = None  # tests may pin a fixed step
-_LINEAR_T_MAX = 600.0  # above r t = 600 exp(-r t) nears underflow: log-domain scans
+_LINEAR_T_MAX = 600.0  # above r t = 600 exp(-r t) nears underflow: rescaled blocks
 _POINT_CHUNK = 32
 _TOKEN_BLOCK = 4096
 _TINY = 1e-3  # moments of tokens with q t_max <= this need only n - 1 + few terms
 _SURE = 40.0  # a clock with q t > 40 has rung by t but for e^{-40} ~ 4e-18
-_SPAN = 600.0  # largest t Σ q inside one rescaled block (e^600 < float64 max)
+_SPAN = 300.0  # t Σ q inside one rescaled block stays below 300 + 400 (one more clock) < 709
 _CHUNK_RATIO = 10.0  # points scanned together differ by <= this factor in t, so q t_max <= 400 for non-sure q
 _NEGLIGIBLE = 1e-30  # points where P(N_A(t) < n) is below this add nothing to any window prefix
 
@@ -174,14 +176,44 @@ def _moments(y: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _big_law(q_big: torch.Tensor, t: torch.Tensor, n: int) -> torch.Tensor:
-    """log P(N_B(t) = j) [n, P] for the clocks of the few tokens q_big [L] (log-domain scan)."""
+    """log P(N_B(t) = j) [n, P] for the clocks of the few tokens q_big [L] (rescaled blocks, see
+    `_scan_rescaled`: no two large exponents are ever subtracted)."""
     log_c = torch.full((n, t.shape[0]), -math.inf, dtype=torch.float64)
     log_c[0] = 0.0
     if q_big.numel() == 0:
         return log_c
-    suffix = torch.flip(torch.cumsum(torch.flip(q_big, [0]), 0), [0])
-    r = torch.cat([suffix, suffix.new_zeros(1)])  # mass still to come: d_j(L) = P(N_B = j)
-    return _scan_log(q_big, r, t, log_c - r[0] * t, n, want_sum=False)[1]
+    start = 0
+    while start < t.shape[0]:  # t ascending: chunks within a factor _CHUNK_RATIO
+        stop = int((t <= t[start] * _CHUNK_RATIO).sum())
+        log_c[:, start:stop] = _law_rescaled(q_big, t[start:stop], log_c[:, start:stop], n)
+        start = stop
+    return log_c
+
+
+def _law_rescaled(q_s: torch.Tensor, t: torch.Tensor, log_c0: torch.Tensor, n: int) -> torch.Tensor:
+    """log P(N = j) [n, P] after multiplying the clocks q_s [L] into the law log_c0 [n, P] (t within a
+    factor _CHUNK_RATIO): the blocks of `_scan_rescaled`, keeping only the final state."""
+    sure = q_s * float(t.min()) > _SURE
+    q_rest = q_s[~sure]
+    ids = torch.floor(torch.cumsum(q_rest, 0) * (float(t.max()) / _SPAN))
+    cuts = ((ids[1:] != ids[:-1]).nonzero().squeeze(1) + 1).tolist()
+    log_c, a = log_c0.clone(), 0
+    for b in sorted(set(cuts) | set(range(_TOKEN_BLOCK, q_rest.shape[0], _TOKEN_BLOCK)) | {q_rest.shape[0]} - {0}):
+        x = q_rest[None, a:b] * t[:, None]  # [P, L]
+        e = torch.expm1(x)
+        d = log_c.exp()
+        lev = d[0][:, None].expand_as(e)
+        ends = [d[0]]
+        for j in range(1, n):
+            lev = torch.cumsum(e * torch.cat([d[j - 1][:, None], lev[:, :-1]], 1), 1) + d[j][:, None]
+            ends.append(lev[:, -1])
+        log_c = (torch.log(torch.stack(ends)) - x.sum(1)).clamp(max=0.0)
+        a = b
+    shift = int(sure.sum())  # each sure clock adds one to the count
+    out = torch.full_like(log_c, -math.inf)
+    if shift < n:
+        out[shift:] = log_c[: n - shift]
+    return out
 
 
 # ---- the window scan ------------------------------------------------------------------------------
@@ -251,7 +283,7 @@ def _scan_rescaled(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, log_c0: 
     q_rest = q_s.masked_fill(sure, 0.0)
     ids = torch.floor(torch.cumsum(q_rest, 0) * (float(t.max()) / _SPAN))
     cuts = (ids[1:] != ids[:-1]).nonzero().squeeze(1) + 1
-    ends = sorted(set(cuts.tolist()) | set(range(_TOKEN_BLOCK, v, _TOKEN_BLOCK)) | {v})
+    ends = sorted(set(cuts.tolist()) | set(range(_TOKEN_BLOCK, v, _TOKEN_BLOCK)) | {v} - {0})
     level = torch.arange(n)[:, None]
     log_c, a = log_c0.clone(), 0
     for b in ends:
@@ -278,48 +310,3 @@ def _scan_rescaled(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, log_c0: 
             break
         t, log_c, a = t[keep], log_c[:, keep], b
     return out
-
-
-def _log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - e^{-x}) for x >= 0, accurate at both ends."""
-    small = x <= math.log(2.0)
-    return torch.where(small, torch.log(-torch.expm1(-x.clamp(max=math.log(2.0)))),
-                       torch.log1p(-torch.exp(-x.clamp(min=math.log(2.0)))))
-
-
-def _scan_log(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, log_d0: torch.Tensor, n: int,
-              want_sum: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-domain scan from log d_j(0) = log_d0 [n, P]: (Σ_points r_k t e^{-r_k t} P(N_k < n) [W+1]
-    when want_sum, log d_j at the last prefix [n, P]).
-
-    The terms are log w_l + log c_{j-1}(l-1) with log w_l = -r_l t + log(1 - e^{-q_l t}) taken from the
-    tail masses r_l directly, so no two exponents of size r t are subtracted; log c = log d + r t is
-    capped at 0 (a probability), so a state that has lost its precision (r t ~1e16 and more) can only
-    add terms of weight <= e^{-r t}."""
-    v = q_s.shape[0]
-    out = torch.zeros(v + 1, dtype=torch.float64)
-    tt = t[None, :]
-    carry = log_d0.clone()  # log d_j at the previous block's last prefix
-    carry_c = (carry + r[0] * t).clamp(max=0.0)  # log c_j there
-    if want_sum:
-        out[0] = (r[0] * t * torch.exp(torch.minimum(torch.logsumexp(carry, 0), -r[0] * t))).sum()
-    for a in range(0, v, _TOKEN_BLOCK):
-        b = min(v, a + _TOKEN_BLOCK)
-        r_here = r[a + 1: b + 1, None] * tt  # r_l t
-        log_w = _log1mexp(q_s[a:b, None] * tt) - r_here
-        # level 0: c_0(l) = c_0(a) e^{-t Σ q}, the q summed directly
-        c_j = carry_c[0][None, :] - torch.cumsum(q_s[a:b], 0)[:, None] * tt
-        d_sum = c_j - r_here  # log d_0
-        for j in range(1, n):
-            prev_c = torch.cat([carry_c[j - 1][None], c_j[:-1]])
-            carry_c[j - 1] = c_j[-1]
-            d_j = torch.logaddexp(carry[j][None], torch.logcumsumexp(log_w + prev_c, dim=0))
-            c_j = (d_j + r_here).clamp(max=0.0)
-            carry[j] = d_j[-1]
-            if want_sum:
-                d_sum = torch.logaddexp(d_sum, d_j)
-        carry_c[n - 1] = c_j[-1]
-        carry[0] = carry_c[0] - r[b] * t
-        if want_sum:
-            out[a + 1: b + 1] = (r_here * torch.exp(torch.minimum(d_sum, -r_here))).sum(1)
-    return out, carry

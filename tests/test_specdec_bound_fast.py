@@ -161,3 +161,42 @@ def test_without_exact_on_a_tiny_extreme_pair():
     got = optimal_acceptance(p, q, 2, "without")
     assert got == pytest.approx(brute_force_acceptance(p, q, 2, "without"), rel=1e-9)
     assert math.isfinite(got) and 0.0 < got < 1e-6
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_without_exact_with_a_dominant_draft_token_and_a_tiny_tail(n):
+    """q ≈ 0.99 on one token and ~1e-11 on a tail: the integral reaches t ~ 1e12, where the law of the
+    clocks before the window must be built without subtracting exponents of size q t (brute force)."""
+    p = _norm(torch.tensor([8.121179284179418e-10, 8.399024990227342e-10, 3.6760957627860535e-08, 0.0, 0.0,
+                            1.2776718448577304e-09, 0.9999999603093499, 0.0], dtype=torch.float64))
+    q = _norm(torch.tensor([0.004879870568937808, 2.0593041232306238e-12, 0.0, 0.9897772180612575,
+                            0.005342911330556315, 7.477525239086094e-12, 1.5047887814486288e-12,
+                            2.8206779278528903e-11], dtype=torch.float64))
+    got = optimal_acceptance(p, q, n, "without")
+    assert got == pytest.approx(brute_force_acceptance(p, q, n, "without"), abs=1e-9)
+
+
+def _without_over_every_prefix(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
+    """α*(without) with no bucket pruning: Q on every prefix of the full sort, by the same scan."""
+    p, q = to_float64(p), to_float64(q)
+    buckets = ratio_buckets(p, q)
+    w = window(buckets, p, q, 0, NUM_BUCKETS - 1)
+    rest = q.clone()
+    rest[torch.topk(q, n - 1).indices] = 0.0
+    q_pre = bound_without.q_without_window(q, buckets.bucket < 0, w.q, w.r, n, float(rest.sum()))
+    return 1.0 + min(0.0, float((w.p_prefix - q_pre).min()))
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_without_bounds_never_prune_the_minimum(seed):
+    """A draft with logits of std 20 (top token ~1 − 1e-6, tail down to 1e-40), an independent target:
+    the bucket bounds must stay valid in float64 (they are computed from tail masses, never 1 − tiny);
+    pruned or not, the minimum is the same."""
+    g = torch.Generator().manual_seed(seed)
+    v = 100
+    for scale in (3.0, 6.0):
+        q = torch.softmax(torch.randn(v, generator=g, dtype=torch.float64) * 20, 0)
+        p = torch.softmax(scale * torch.randn(v, generator=g, dtype=torch.float64), 0)
+        for n in (8, 16):
+            got = optimal_acceptance(p, q, n, "without")
+            assert got == pytest.approx(_without_over_every_prefix(p, q, n), abs=1e-9), (seed, scale, n)
