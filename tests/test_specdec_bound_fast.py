@@ -60,7 +60,7 @@ def _check_against_reference(v: int, seed: int, ns: tuple[int, ...]) -> None:
             assert abs(new - old) < 1e-9, (name, v, n, scheme, new, old)
 
 
-@pytest.mark.parametrize("v,seed", [(2, 0), (3, 1), (5, 2), (8, 3), (17, 4), (100, 5), (1000, 6), (20_000, 7)])
+@pytest.mark.parametrize("v,seed", [(2, 0), (3, 1), (5, 2), (8, 3), (17, 4), (100, 5), (1000, 6), (5000, 7)])
 def test_same_values_as_the_reference(v, seed):
     _check_against_reference(v, seed, (1, 2, 3, 8))
 
