@@ -2,38 +2,32 @@
 
     α* = 1 + min_{H ⊆ Σ} [ p(H) − Q_S(H) ],   Q_S(H) = P(every draft lies in H)
 
-- "with":    Q(H) = q(H)^n; H searched among prefixes of Σ sorted by p/q ascending. O(V log V).
-- "greedy":  closed form p(G) + Σ_{x∉G} min(p(x), q'(x)).
-- "without": prefixes as for "with"; Q(H) = ∫ r e^{-rt} P(N_H(t) ≥ n) dt, r = q(Σ∖H), N_H(t) the
-  number of H's exponential clocks (rates q_i) below t. The count's law, truncated at n, is
-  updated along the sorted prefixes with cumulative sums (vectorised over tokens and quadrature
-  points); the t-integral is a trapezoid rule in u = log t, whose error decays like
-  exp(-π²/h) for these analytic integrands. Truncation limits are chosen from explicit tail
-  bounds so the absolute error on α* is ~1e-10.
+- "with":    Q(H) = q(H)^n; the minimum is over prefixes of Σ sorted by p/q ascending. The ratios
+  are bucketed without a sort (`specdec.bound_buckets`); a bucket holding prefixes between H⁻ and
+  H⁺ can do no better than p(H⁻) − q(H⁺)^n, so only the buckets whose bound is below the best
+  boundary value are sorted and scanned. Exact: the same prefixes a full sort finds the minimum at.
+- "greedy":  closed form p(G) + Σ_{x∉G} min(p(x), q'(x)), G = the n−1 most likely tokens of q.
+- "without": the same prefixes. Upper bounds on the minimum: Q(H) >= Π_{i<n} (q(H) − m_i)/(1 − m_i)
+  (m_i = the i largest q summed) at every boundary, and an exact value at the boundary where that
+  bound is lowest. Lower bounds per bucket: Q(H) <= q(H)^n (each
+  successive draw lands in H with probability (q(H) − used)/(1 − used) <= q(H)), tightened by
+  conditioning on the first draw. Q is then computed only on the window of buckets that can hold
+  the minimum (`specdec.bound_without`). |error| on α* ~1e-10 (quadrature).
 
 All computation is float64. Tokens with q = 0 never enter an optimal H (they add p and no Q).
+The previous full-sort implementation is `specdec.bound_reference` (tests compare the two).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from specdec.drafts import check_n, check_pair, check_scheme, greedy_residual_draft, greedy_set, to_float64
+from specdec.bound_buckets import RatioBuckets, candidate_range, pow_kept, ratio_buckets, window
+from specdec.bound_without import q_without_window
+from specdec.drafts import check_n, check_pair, check_scheme, greedy_set, to_float64
 
-# trapezoid step in u = log t: the integrand's transition sharpens like sqrt(n), so the step shrinks
-# as 0.8 / sqrt(n) (capped at 0.4); measured error vs a 0.12 step: <= ~3e-9 for n = 2..16
-_STEP_SCALE, _STEP_MAX = 0.8, 0.4
-_STEP = None  # tests may pin a fixed step
-
-
-def _step(n: int) -> float:
-    return _STEP if _STEP is not None else min(_STEP_MAX, _STEP_SCALE / math.sqrt(n))
-_LINEAR_T_MAX = 600.0  # above this exp(t) would overflow: switch to log-domain scans
-_POINT_CHUNK = 32
-_TOKEN_BLOCK = 8192
-# "without": drop low-q tokens of total mass small enough that α* moves by at most this much
+# "without": when α*(with) >= 1 - PRUNE_TOL, α*(without) in [α*(with), 1] is returned as α*(with)
 PRUNE_TOL = 1e-10
+_HEAVY = 16  # "without": the largest q that the first-draw bound treats one by one
 
 
 def optimal_acceptance(
@@ -60,200 +54,85 @@ def optimal_acceptance(
     return out.reshape(p.shape[:-1])
 
 
-def _sorted_support(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens with q > 0 sorted by p/q ascending: (p_sorted [V'], q_sorted [V'], r [V'+1]).
-
-    r[k] = q(Σ∖H_k) for the prefix H_k of the first k sorted tokens, summed from the tail so tiny
-    remainders keep full relative precision (r[0] = 1, r[V'] = 0).
-    """
-    keep = q > 0
-    p_s, q_s = p[keep], q[keep]
-    order = torch.argsort(p_s / q_s, stable=True)
-    p_s, q_s = p_s[order], q_s[order]
-    tail = torch.flip(torch.cumsum(torch.flip(q_s, [0]), 0), [0])  # tail[k] = Σ_{i>=k} q_s[i]
-    r = torch.cat([tail, tail.new_zeros(1)])
-    r = r / r[0]
-    return p_s, q_s, r
+def _with_bounds(buckets: RatioBuckets, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value at each bucket boundary [B+1], lower bound of each bucket [B]) for Q(H) = q(H)^n."""
+    kept = pow_kept(buckets.r_from, n)  # q(H)^n at each boundary
+    return buckets.p_before - kept, buckets.p_before[:-1] - kept[1:]
 
 
-def _alpha_with(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    p_s, _, r = _sorted_support(p, q)
-    p_prefix = torch.cat([p_s.new_zeros(1), torch.cumsum(p_s, 0)])  # [V'+1]
-    q_prefix_pow = torch.exp(n * torch.log1p(-r.clamp(max=1.0)))  # (1 - r)^n, exact near 1
-    q_prefix_pow[0] = 0.0
-    return float(1.0 + torch.min(p_prefix - q_prefix_pow).clamp(max=0.0))
+def _alpha_with(p: torch.Tensor, q: torch.Tensor, n: int, buckets: RatioBuckets | None = None) -> float:
+    buckets = buckets if buckets is not None else ratio_buckets(p, q)
+    at_edges, lower = _with_bounds(buckets, n)
+    best = min(0.0, float(at_edges.min()))
+    span = candidate_range(lower < best)  # a bucket bounded at >= best cannot improve on it
+    if span is None:
+        return 1.0 + best
+    w = window(buckets, p, q, *span)
+    return 1.0 + min(best, float((w.p_prefix - pow_kept(w.r, n)).min()))
 
 
 def _alpha_greedy(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
     g = greedy_set(q, n)
-    q_prime = greedy_residual_draft(q, n)
-    in_g = torch.zeros_like(p, dtype=torch.bool)
-    in_g[g] = True
-    return float(p[in_g].sum() + torch.minimum(p, q_prime)[~in_g].sum())
-
-
-def q_without_prefixes(q_sorted: torch.Tensor, r: torch.Tensor, n: int) -> torch.Tensor:
-    """Q(H_k) for every prefix H_k of `q_sorted` [V'] (all > 0) under sampling without replacement.
-
-    Returns [V'+1] float64: Q(∅) = 0, ..., Q(H_{V'}) = 1. Prefixes with fewer than n tokens get 0.
-    `r` [V'+1] is the tail mass q(Σ∖H_k) as returned by `_sorted_support`.
-    """
-    v = q_sorted.shape[0]
-    out = torch.zeros(v + 1, dtype=torch.float64)
-    out[v] = 1.0
-    if v <= n:  # only the full support can hold n distinct drafts
-        return out
-    r_k = r[1:v]  # tail masses of the prefixes k = 1..V'-1 (all > 0)
-    # 1 - Q(H_k) = ∫ r e^{-rt} P(N_k(t) < n) dt, integrated in u = log t by the trapezoid rule.
-    # Range (explicit tail bounds): below t = 1e-14 the integrand is < r t <= 1e-14. Below t_lo,
-    # P(N >= n) <= t^n/n! so replacing P(N < n) by 1 there errs by <= t_lo^{n+1}/(n+1)! <= 1e-13.
-    # Above T the kernel leaves e^{-rT}, and N(t) < n has probability <= P(Gamma(n, c) > t) with
-    # c = q(H) - (n-1 largest of H) >= c_glob - r.
-    t_lo = math.exp((math.log(1e-13) + math.lgamma(n + 2)) / (n + 1))
-    q_desc = torch.sort(q_sorted, descending=True).values
-    c_glob = float(q_desc[n - 1 :].sum())
-    t_kernel = 34.0 / r_k
-    gap = (c_glob - r_k).clamp(min=0.0)
-    t_gamma = torch.where(gap > 0, (2.0 * n + 40.0) / gap, torch.full_like(gap, float("inf")))
-    t_hi = float(torch.minimum(t_kernel, t_gamma).max())
-    u_min, u_hi = math.log(1e-14), math.log(max(t_hi, 1.0))
-    h = _step(n)
-    num = int(math.ceil((u_hi - u_min) / h)) + 1
-    u = u_min + h * torch.arange(num, dtype=torch.float64)
-    t_all = torch.exp(u)
-    small = t_all <= t_lo
-    t_small = t_all[small]
-    # Σ over points of r_k t e^{-r_k t} P(N_k(t) < n)
-    acc = _small_t_sum(r_k, t_small)
-    t_rest = t_all[~small]
-    torch.set_flush_denormal(True)  # underflowing exponentials otherwise hit slow denormal paths
-    try:
-        _accumulate(acc, q_sorted, r, t_rest, n)
-    finally:
-        torch.set_flush_denormal(False)
-    out[1:v] = (1.0 - h * acc).clamp(0.0, 1.0)
-    support_count = torch.arange(1, v, dtype=torch.float64)
-    out[1:v][support_count < n] = 0.0
-    return out
-
-
-def _small_t_sum(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Σ_i r t_i e^{-r t_i} for each r [K] over small points t [P] (r t <= ~1.3), as a power series
-    in r with precomputed moments Σ_i t_i^{m+1}: O(K · terms) instead of O(K · P) exponentials."""
-    if t.numel() == 0:
-        return torch.zeros_like(r)
-    x_max = float(r.max()) * float(t.max())
-    terms, bound = 1, float(t.sum())
-    while bound * x_max ** terms / math.factorial(terms) > 1e-18 and terms < 60:
-        terms += 1
-    coef = [float((t ** (m + 1)).sum()) * (-1) ** m / math.factorial(m) for m in range(terms + 1)]
-    out = torch.full_like(r, coef[-1])
-    for c in reversed(coef[:-1]):
-        out = out * r + c
-    return out * r
-
-
-def _accumulate(acc: torch.Tensor, q_sorted: torch.Tensor, r: torch.Tensor, t_rest: torch.Tensor, n: int) -> None:
-    for start in range(0, t_rest.shape[0], _POINT_CHUNK):
-        t = t_rest[start : start + _POINT_CHUNK]
-        lin = t <= _LINEAR_T_MAX
-        if lin.any():
-            acc += _scan(q_sorted, r, t[lin], n, log_domain=False)
-        if (~lin).any():
-            acc += _scan(q_sorted, r, t[~lin], n, log_domain=True)
-
-
-def _log_expm1(x: torch.Tensor) -> torch.Tensor:
-    big = x > 1.0
-    return torch.where(big, x + torch.log1p(-torch.exp(-x.clamp(min=1.0))), torch.log(torch.expm1(x.clamp(max=1.0))))
-
-
-def _scan(q_s: torch.Tensor, r: torch.Tensor, t: torch.Tensor, n: int, log_domain: bool) -> torch.Tensor:
-    """Σ over points t [P] of r_k t e^{-r_k t} P(N_k(t) < n) for the prefixes k = 1..V'-1.
-
-    With c_j(k) = P(N_k(t) = j) and d_j(k) = e^{-r_k t} c_j(k):  d_0(k) = e^{-t} and
-    d_j(k) = Σ_{l<=k} w_l c_{j-1}(l-1),  w_l = expm1(q_l t) e^{-r_{l-1} t} (= e^{-r_l t} - e^{-r_{l-1} t}),
-    so each count level is one cumulative sum over tokens. Tokens are processed in cache-sized
-    blocks with carries. `log_domain` does the sums with logcumsumexp (needed once t > ~700).
-    """
-    v, p_num = q_s.shape[0], t.shape[0]
-    f64 = torch.float64
-    out = torch.zeros(v, dtype=f64)
-    neg_inf = -math.inf
-    if log_domain:
-        carry_d = torch.full((n, p_num), neg_inf, dtype=f64)  # log d_j at the previous block's end
-        last_c = torch.full((n, p_num), neg_inf, dtype=f64)  # log c_j(l-1) at the block start
-        last_c[0] = 0.0
-    else:
-        carry_d = torch.zeros(n, p_num, dtype=f64)
-        last_c = torch.zeros(n, p_num, dtype=f64)
-        last_c[0] = 1.0
-    tt = t[None, :]
-    for a in range(0, v, _TOKEN_BLOCK):
-        b = min(v, a + _TOKEN_BLOCK)
-        qt = q_s[a:b, None] * tt  # [L, P]
-        r_prev = r[a:b, None] * tt  # r_{l-1} t
-        r_here = r[a + 1 : b + 1, None] * tt  # r_l t
-        if log_domain:
-            log_w = _log_expm1(qt) - r_prev
-            c_prev = r_here - tt  # log c_0(l) = -(1 - r_l) t
-            d_sum = (-tt).expand_as(qt).clone()
-            for j in range(1, n):
-                shifted = torch.cat([last_c[j - 1][None], c_prev[:-1]])
-                last_c[j - 1] = c_prev[-1]
-                d_j = torch.logaddexp(carry_d[j][None], torch.logcumsumexp(log_w + shifted, dim=0))
-                carry_d[j] = d_j[-1]
-                d_sum = torch.logaddexp(d_sum, d_j)
-                c_prev = (d_j + r_here).clamp(max=0.0)
-            lt = torch.exp(torch.minimum(d_sum, -r_here))  # e^{-r t} P(N < n)
-        else:
-            decay = torch.exp(-r[a : b + 1, None] * tt)  # e^{-r_l t} for l = a..b
-            kern = decay[1:]
-            w = torch.expm1(qt).mul_(decay[:-1])
-            grow = torch.reciprocal(kern)  # e^{r_l t} <= e^{600}
-            e_t = torch.exp(-t)[None, :]
-            c_prev = grow * e_t
-            d_sum = e_t.expand_as(qt).clone()
-            for j in range(1, n):
-                shifted = torch.cat([last_c[j - 1][None], c_prev[:-1]])
-                last_c[j - 1] = c_prev[-1]
-                d_j = torch.cumsum(shifted.mul_(w), dim=0).add_(carry_d[j][None])
-                carry_d[j] = d_j[-1]
-                d_sum += d_j
-                c_prev = d_j.mul_(grow).clamp_(max=1.0)
-            lt = torch.minimum(d_sum, kern)
-        out[a:b] = (r_here * lt).sum(1)
-    return out[: v - 1]
-
-
-def _prune_tail(q: torch.Tensor, n: int, tol: float) -> torch.Tensor:
-    """Zero the smallest-q tokens whose total mass δ keeps α*(without) within `tol` (certified).
-
-    Coupling the exponential clocks of q and of q restricted to the kept tokens, the two draft
-    sets differ only if a dropped clock is among the n smallest, which has probability
-    <= δ E[T_(n)] <= δ n / (c − δ), c = q(Σ) − (n−1 largest q). Every Q(H) then moves by at
-    most that, and so does α* (dropped tokens are never drafted, so never join H).
-    """
-    if tol <= 0:
-        return q
-    q_desc, order = torch.sort(q, descending=True)
-    c = float(q_desc[n - 1 :].sum())
-    budget = tol * c / (n + tol)
-    tail = torch.flip(torch.cumsum(torch.flip(q_desc, [0]), 0), [0])  # mass from rank i to the end
-    drop = tail <= budget
-    drop[:n] = False
-    if not drop.any():
-        return q
-    kept = q.clone()
-    kept[order[drop]] = 0.0
-    return kept / kept.sum()
+    q_rest = q.clone()
+    q_rest[g] = 0.0
+    mass = q_rest.sum()
+    if float(mass) <= 0:
+        raise ValueError(f"draft_probs has no mass outside its top {n - 1} tokens; greedy scheme needs n <= support")
+    p_rest = p.clone()
+    p_rest[g] = 0.0  # x in G: min(p, q') = 0 there, p(G) is counted in full
+    return float(p[g].sum() + torch.minimum(p_rest, q_rest.div_(mass)).sum())
 
 
 def _alpha_without(p: torch.Tensor, q: torch.Tensor, n: int, tol: float = PRUNE_TOL) -> float:
-    lower = _alpha_with(p, q, n)  # α*(without) >= α*(with): nothing left to gain when it is ~1
-    if lower >= 1.0 - tol:
-        return lower
-    p_s, q_s, r = _sorted_support(p, _prune_tail(q, n, tol))
-    p_prefix = torch.cat([p_s.new_zeros(1), torch.cumsum(p_s, 0)])
-    q_pre = q_without_prefixes(q_s, r, n)
-    return float(1.0 + torch.min(p_prefix - q_pre).clamp(max=0.0))
+    buckets = ratio_buckets(p, q)
+    if n == 1:  # one draw: Q(H) = q(H) for both schemes
+        return _alpha_with(p, q, 1, buckets)
+    at_edges, lower = _with_bounds(buckets, n)
+    if 1.0 + float(lower.min()) >= 1.0 - tol:  # α*(with) >= 1 - tol: nothing left to gain
+        return _alpha_with(p, q, n, buckets)
+    top = torch.topk(q, max(n - 1, min(_HEAVY, q.shape[0] - 1)))  # sorted, largest first
+    rest = q.clone()
+    rest[top.indices[: n - 1]] = 0.0
+    c_glob = float(rest.sum())  # q(Σ) − (n−1 largest q), summed directly (precise when tiny)
+    # 1 − m_i (m_i = the i largest q summed, i = 0..n-1) from the small end, so tiny values keep precision
+    tail = torch.flip(torch.cumsum(torch.flip(torch.cat([top.values[: n - 1], q.new_zeros(1)]), [0]), 0), [0])
+    outside = c_glob + tail  # [1 − m_0, ..., 1 − m_{n-1}]
+    # upper bounds from Q(H) >= Π (q(H) − m_i)/(1 − m_i) = Π (1 − q(Σ∖H)/(1 − m_i)), where that is > 0
+    first = int(torch.searchsorted(-buckets.r_from, torch.tensor([-c_glob], dtype=torch.float64), right=True))
+    factors = 1.0 - buckets.r_from[first:, None] / outside
+    upper = buckets.p_before[first:] - factors.clamp(min=0.0).prod(1)
+    best, attained = 0.0, 0.0  # an upper bound on the minimum; a value attained (H = ∅)
+    if upper.numel() and float(upper.min()) < 0:
+        best = float(upper.min())
+        b = first + int(upper.argmin())  # an exact value where the bound is lowest: usually near the minimum
+        q_b = q_without_window(q, buckets.bucket < b, q.new_zeros(0), buckets.r_from[b: b + 1], n, c_glob)
+        attained = min(attained, float(buckets.p_before[b] - q_b[0]))
+    best = min(best, attained)
+    span = candidate_range(lower <= best + 1e-12)  # every bucket that can hold the minimum (and some slack)
+    span = span if span is not None else (0, lower.shape[0] - 1)
+    span = _tighter_span(buckets, top, float(outside[1]), n, span, best + 1e-12)
+    w = window(buckets, p, q, *span)
+    q_pre = q_without_window(q, buckets.bucket < w.first, w.q, w.r, n, c_glob)
+    return 1.0 + min(attained, float((w.p_prefix - q_pre).min()))
+
+
+def _tighter_span(buckets: RatioBuckets, top, top_rest: float, n: int, span: tuple[int, int],
+                  best: float) -> tuple[int, int]:
+    """Shrink the candidate span with a tighter bound Q(H) <= Σ_{x∈H} q_x ((q(H) − q_x)/(1 − q_x))^(n−1)
+    (condition on the first draw x, then the "with" bound for the other n−1 draws from q without x),
+    written for the largest q (`top`: torch.topk's values and indices) exactly and q(H)^(n−1) per
+    unit mass for the rest. (q(H) − q_x)/(1 − q_x) = 1 − q(Σ∖H)/(1 − q_x), with 1 − q_x of the
+    largest q passed in summed from the small end (`top_rest`), so a q near 1 keeps its precision."""
+    first, last = span
+    r_up = buckets.r_from[first + 1: last + 2]  # q(Σ∖H⁺) of each bucket in the span
+    inside = (buckets.bucket[top.indices][None, :] <= torch.arange(first, last + 1)[:, None])  # heavy x in H⁺
+    qh = top.values[None, :]
+    others = 1.0 - top.values
+    others[0] = top_rest
+    inner = (1.0 - r_up[:, None] / others).clamp(min=0.0) ** (n - 1)
+    kept = 1.0 - r_up
+    light = (kept - (qh * inside).sum(1)).clamp(min=0.0)
+    q_up = torch.minimum(kept ** (n - 1) * light + (qh * inner * inside).sum(1), pow_kept(r_up, n))
+    lower = buckets.p_before[first: last + 1] - q_up
+    found = candidate_range(lower <= best)
+    return (first + found[0], first + found[1]) if found is not None else span

@@ -11,9 +11,10 @@
 3. Report: a markdown table (printed), `bound.json` and `bound.png` in `--output_dir`.
 
 Cost on a 2-core CPU at V = 151,936: collection is model-bound (the 1.5B target ~2 min per prompt of
-16 positions); measuring takes ~1-10 s per position and temperature (α*(without) dominates), so
-the defaults (64 × 32 positions, 3 temperatures) take hours; `--num_prompts 8 --positions 16`
-takes ~30 min in all.
+16 positions); measuring took ~1-10 s per position and temperature, dominated by α*(without), so
+the defaults (64 × 32 positions, 3 temperatures) took hours and `--num_prompts 8 --positions 16`
+~30 min in all. α*(without) is now ~10× faster (docs/results/bound_speed.md); the verifiers'
+expected acceptances were not re-timed.
 """
 from __future__ import annotations
 

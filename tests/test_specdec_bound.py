@@ -138,13 +138,13 @@ def test_spechub_attains_the_greedy_bound_at_n2(seed):
 
 def test_without_quadrature_step_is_converged(monkeypatch):
     """The default n-dependent step agrees with a much finer trapezoid step (flat LLM-like q, large n)."""
-    from specdec import bound
+    from specdec import bound_without
 
     g = torch.Generator().manual_seed(5)
     base = torch.randn(3000, generator=g, dtype=torch.float64) * 2.5
     p = torch.softmax(base + torch.randn(3000, generator=g, dtype=torch.float64), 0)
     q = torch.softmax(base + torch.randn(3000, generator=g, dtype=torch.float64), 0)
     default = [optimal_acceptance(p, q, n, "without") for n in (4, 16)]
-    monkeypatch.setattr(bound, "_STEP", 0.12)
+    monkeypatch.setattr(bound_without, "_STEP", 0.12)
     fine = [optimal_acceptance(p, q, n, "without") for n in (4, 16)]
     assert all(abs(a - b) < 1e-7 for a, b in zip(default, fine)), (default, fine)
