@@ -194,7 +194,17 @@ def paired_table(rows: list[dict[str, Any]], baseline: str, n_resamples: int = 1
 
 
 def _best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return max(rows, key=lambda r: (r["score"] if r["score"] == r["score"] else -math.inf), default=None)
+    """The run of the highest primary score; ties go to the better next metrics (e.g. F1 when exact
+    match ties), then to the earlier run."""
+    def key(r: dict[str, Any]) -> tuple:
+        values = [m.get("value") for m in (r.get("metrics") or {}).values() if isinstance(m, dict)]
+        nums = [v if isinstance(v, (int, float)) and v == v else -math.inf for v in values]
+        return (r["score"] if r["score"] == r["score"] else -math.inf, *nums[1:])
+    best = None
+    for r in rows:
+        if best is None or key(r) > key(best):
+            best = r
+    return best
 
 
 def ensemble_table(rows: list[dict[str, Any]], n_resamples: int = 1000) -> str:

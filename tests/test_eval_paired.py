@@ -142,3 +142,9 @@ def test_ensemble_table_compares_each_ensemble_with_its_best_member(tmp_path: Pa
     assert own.endswith("| 2 / 4 / 0 |")                      # ens vs a: rows 1, 5 won, none lost
     assert top.startswith("| nq_open | ens | big (best single of the table) | 6 |") and "exact_match -16.7" in top and top.endswith("| 1 / 3 / 2 |")
     assert ensemble_table(rows[:3]) == ""                      # no ensemble, no table
+    from eval.report import _best
+
+    tied = [{"run": "x", "score": 0.0, "metrics": {"exact_match": {"value": 0.0}, "f1": {"value": 0.0}}},
+            {"run": "y", "score": 0.0, "metrics": {"exact_match": {"value": 0.0}, "f1": {"value": 0.1}}},
+            {"run": "z", "score": 0.0, "metrics": {"exact_match": {"value": 0.0}, "f1": {"value": 0.1}}}]
+    assert _best(tied)["run"] == "y"                           # an exact-match tie goes to the better F1, then the first
