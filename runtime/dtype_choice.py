@@ -16,7 +16,6 @@ machine kind (about 1 s).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from runtime.files import write_json_atomic
 from runtime.packed_linear import PackedLinear, native_bf16, packing_available
 
 BF16_MARGIN = 0.85           # bfloat16 is chosen only at <= 0.85 x the float32 time
@@ -130,9 +130,7 @@ def fastest_dtype(device: str | torch.device = "cpu", remeasure: bool = False) -
         saved[key] = asdict(choice)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(saved, indent=1))
-            os.replace(tmp, path)
+            write_json_atomic(path, saved)
         except OSError:
             pass                                        # a read-only cache: measure again next time
     _memo[key] = choice

@@ -135,16 +135,16 @@ def forward_inputs(tree: DraftTree, pending: int | None) -> tuple[list[int], lis
     return tokens, parents, index
 
 
+def node_path(tree: DraftTree, node: int) -> list[int]:
+    """The token ids from the root's first child down to `node` ([] for the root)."""
+    path = []
+    while node > 0:
+        path.append(tree.tokens[node])
+        node = tree.parents[node]
+    return path[::-1]
+
+
 def leaf_paths(tree: DraftTree) -> list[list[int]]:
     """The token ids on the path from the root to every leaf, in node order ([] for an empty tree)."""
     has_child = set(tree.parents[1:])
-    out = []
-    for i in range(1, len(tree)):
-        if i in has_child:
-            continue
-        path, node = [], i
-        while node > 0:
-            path.append(tree.tokens[node])
-            node = tree.parents[node]
-        out.append(path[::-1])
-    return out
+    return [node_path(tree, i) for i in range(1, len(tree)) if i not in has_child]

@@ -12,6 +12,7 @@ from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 from specdec.config import DEFAULT_SHAPE, DecodeControl, TreeShape
 from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.engine import SpeculativeGenerator
+from specdec.tree import node_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -102,12 +103,8 @@ def test_model_drafter_q_is_the_drafter_distribution_at_every_node(pair, budget)
         for node, q in enumerate(tree.draft_probs):
             if q is None:
                 continue
-            path, i = [], node
-            while i > 0:
-                path.append(tree.tokens[i])
-                i = tree.parents[i]
             with torch.no_grad():
-                logits = other.model(input_ids=torch.tensor([ctx[b] + path[::-1]])).logits[0, -1].float()
+                logits = other.model(input_ids=torch.tensor([ctx[b] + node_path(tree, node)])).logits[0, -1].float()
             torch.testing.assert_close(q, torch.softmax(logits, -1), atol=1e-5, rtol=1e-4)
             checked += 1
     assert checked >= len(ctx) * 3
