@@ -1,0 +1,1 @@
+"""Offline, seeded text environments with legal menus (`rlid.types.Environment`)."""
