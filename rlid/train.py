@@ -1,0 +1,84 @@
+"""RL in the decision plane: policy gradient on log π(option) with LoRA (`DecisionTrainer`).
+
+Each step (`rollout_and_update`): this step's train seeds (`rlid.train_loop.step_seeds`), G =
+`group_size` rollouts of each in lockstep (`rollout`, the contract's `run_episodes` signature;
+`rlid.rollout.run_episodes` can be passed in), options sampled from π with the run's generator;
+advantages (`rlid.train_loop.advantages_for`: GRPO group normalisation by default); the loss of
+`rlid.pg_loss.decision_pg_loss` (+ β·KL(π ‖ π_ref), π_ref = the model with the adapter off), one
+AdamW step on the LoRA parameters; budget, JSONL log, progress bar, checkpoints and resume come
+from `rlid.train_loop.TrainerBase`.
+
+Memory: the rollouts run under `no_grad` (they only choose actions); the loss is built afterwards
+by re-scoring the recorded decision states in one batched forward with grad (`rescore_batch` caps
+its size; chunks are backpropagated one by one and add up to the same gradient). For an on-policy
+update this is the same gradient as keeping the rollout graphs: the weights do not change between
+the rollout and the re-score, so the re-scored log π(a | s) is the same function of the same
+weights (the log's `rescore_gap` is the largest |difference| seen, ~1e-6 from batching; with LoRA
+dropout > 0 the re-score runs in train mode and also differs by the dropout noise). Decisions whose
+advantage is 0 (a group with equal returns) add nothing to the policy-gradient term, so without KL
+or entropy terms they are not re-scored; the loss still divides by all of the step's decisions.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from rlid.lora import LoraAdapter
+from rlid.pg_loss import decision_pg_loss, pad_log_probs
+from rlid.train_loop import TrainConfig, TrainerBase, run_episodes
+from rlid.types import DecisionState, Environment, Episode, OptionLaw, Policy
+
+Rollout = Callable[..., list[Episode]]  # (make_env_fn, policy_fn, seeds, memory_k) -> episodes
+
+
+def sample_options(laws: Sequence[OptionLaw], generator: torch.Generator | None) -> list[int]:
+    """One menu index per law, drawn from π with `generator`."""
+    return [int(torch.multinomial(law.probs.detach().float(), 1, generator=generator)) for law in laws]
+
+
+class DecisionTrainer(TrainerBase):
+    """`policy`: a DecisionModel-like `Policy` (`.laws(states)`, with autograd when grad is on) whose
+    `.member.model` gets the LoRA adapter; `make_env()`: a fresh `Environment`."""
+
+    kind = "decision"
+
+    def __init__(self, policy: Policy, make_env: Callable[[], Environment], config: TrainConfig,
+                 adapter: LoraAdapter | None = None, rollout: Rollout = run_episodes):
+        super().__init__(policy.member, make_env, config, adapter)
+        self.policy, self.rollout = policy, rollout
+        self._acted: dict[int, tuple[DecisionState, list[float]]] = {}
+
+    def choose(self, states: list[DecisionState]) -> list[int]:
+        """The rollout's `policy_fn`: sample from π under no_grad, remembering log π of each state."""
+        with torch.no_grad():
+            laws = self.policy.laws(states)
+        chosen = sample_options(laws, self.generator)
+        for state, law in zip(states, laws):
+            self._acted[id(state)] = (state, law.log_probs.detach().tolist())
+        return chosen
+
+    def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[DecisionState]]]:
+        """The rollouts (`self.rollout`, lockstep, options drawn by `choose`); payload = the state."""
+        self._acted = {}
+        episodes = self.rollout(self.make_env, self.choose, run_seeds, memory_k=self.config.memory_k)
+        return episodes, [[t.state for t in ep.transitions] for ep in episodes]
+
+    def _rescore(self, part: list[tuple[DecisionState, int, float]], n: int) -> tuple[dict[str, float], float | None]:
+        """Loss of one chunk of decisions (normalised by the step's `n`), backpropagated; its stats
+        and the largest |log π(a) re-scored − log π(a) at rollout|."""
+        c = self.config
+        states = [s for s, _, _ in part]
+        actions = torch.tensor([a for _, a, _ in part])
+        log_pi = pad_log_probs([law.log_probs for law in self.policy.laws(states)])
+        ref = None
+        if c.beta:
+            with torch.no_grad(), self.adapter.reference():
+                ref = pad_log_probs([law.log_probs for law in self.policy.laws(states)])
+        advs = torch.tensor([a for _, _, a in part], dtype=log_pi.dtype)
+        loss, stats = decision_pg_loss(log_pi, actions, advs, ref, c.beta, c.entropy_coef, normaliser=n)
+        loss.backward()
+        gaps = [abs(float(row[action]) - seen[1][action]) for row, (state, action, _) in zip(log_pi.detach(), part)
+                if (seen := self._acted.get(id(state))) is not None and seen[0] is state]
+        return stats, max(gaps) if gaps else None
