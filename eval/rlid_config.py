@@ -1,0 +1,130 @@
+"""RLiD experiment configs (`configs/rlid_*.yaml`), validated like the eval configs: one environment,
+one decision model (and optionally an ensemble), training for the decision plane and the token-level
+baseline under the same budget, held-out evaluation seeds, and distillation.
+
+    output_path: runs/rlid_countdown
+    env: {name: countdown, options: {}, memory_k: 0}
+    model: qwen2.5-coder-0.5b          # registry name, local folder or hub id
+    train: {seeds: {start: 0, count: 400}, max_wall_s: 900, group_size: 4, lr: 1e-4, lora: {r: 8}}
+    eval: {seeds: {start: 100000, count: 100}}
+    distill: {epochs: 2, lr: 2e-4}
+    ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
+
+Every `train` key other than `seeds` is a `rlid.train_loop.TrainConfig` field (checked there);
+`train_seeds`/`out_dir` are set from `seeds`/`output_path`. Train and eval seed ranges must not overlap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import ConfigError
+from eval.config import read_yaml
+from eval.schema import Field, validate
+
+SEEDS = Field((dict,), fields={"start": Field((int,), required=True), "count": Field((int,), required=True)})
+SCHEMA: dict[str, Field] = {
+    "description": Field((str,)),
+    "output_path": Field((str,), required=True),
+    "seed": Field((int,)),
+    "dtype": Field((str,), choices=("float32", "bfloat16", "auto")),
+    "env": Field((dict,), required=True, fields={"name": Field((str,), required=True), "options": Field((dict,)),
+                                                 "memory_k": Field((int,))}),
+    "model": Field((str,), required=True),
+    "label_style": Field((str,), choices=("letters", "numbers")),
+    "realise_action_text": Field((bool,)),
+    "token_max_new_tokens": Field((int,)),
+    "train": Field((dict,)),
+    "eval": Field((dict,), fields={"seeds": SEEDS, "greedy": Field((bool,)), "batch": Field((int,))}),
+    "distill": Field((dict,), fields={"epochs": Field((int,)), "lr": Field((float,)), "batch_size": Field((int,)),
+                                      "seeds": SEEDS, "only_successful": Field((bool,)), "lora": Field((dict,))}),
+    "ensemble": Field((dict,), fields={"members": Field((list,), required=True, item=Field((str,))),
+                                       "weights": Field((list,), item=Field((float,))),
+                                       "lead": Field((int,)), "threshold": Field((float,)),
+                                       "rule": Field((str,), choices=("mixture", "product")),
+                                       "adapters": Field((list,), item=Field((str, type(None))))}),
+}
+
+
+def seed_range(spec: dict[str, int] | None, default: tuple[int, int]) -> range:
+    start, count = (spec["start"], spec["count"]) if spec else default
+    if count < 1:
+        raise ConfigError(f"a seed range needs count >= 1, got {count}")
+    return range(start, start + count)
+
+
+@dataclass
+class RlidConfig:
+    """A validated RLiD experiment; `raw` is the mapping as read (for the run's setup record)."""
+
+    source: str
+    output_path: Path
+    env_name: str
+    env_options: dict[str, Any]
+    memory_k: int
+    model: str
+    dtype: str
+    seed: int
+    label_style: str
+    realise_action_text: bool
+    token_max_new_tokens: int
+    train: dict[str, Any]
+    train_seeds: range
+    eval_seeds: range
+    eval_greedy: bool
+    distill: dict[str, Any]
+    ensemble: dict[str, Any] | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def train_config(self, plane: str, **overrides: Any):
+        """The `TrainConfig` of one plane's run (its folder: output_path/<plane>)."""
+        from rlid.train_loop import TrainConfig
+
+        d = {**self.train, "train_seeds": tuple(self.train_seeds), "seed": self.seed, "memory_k": self.memory_k,
+             "out_dir": str(self.output_path / plane), **overrides}
+        return TrainConfig.from_dict(d)
+
+    def make_env(self):
+        from rlid.envs import make_env
+
+        return lambda: make_env(self.env_name, **self.env_options)
+
+
+def parse_rlid(data: Any, source: str) -> RlidConfig:
+    validate(data, SCHEMA, source)
+    train = dict(data.get("train") or {})
+    for key in ("train_seeds", "out_dir", "seed", "memory_k"):
+        if key in train:
+            raise ConfigError(f"{source}: 'train.{key}' is set from the config's top level; remove it")
+    train_seeds = seed_range(train.pop("seeds", None), (0, 400))
+    ev = data.get("eval") or {}
+    eval_seeds = seed_range(ev.get("seeds"), (100_000, 100))
+    if set(train_seeds) & set(eval_seeds):
+        raise ConfigError(f"{source}: train seeds {train_seeds.start}..{train_seeds.stop - 1} overlap eval seeds "
+                          f"{eval_seeds.start}..{eval_seeds.stop - 1}; held-out seeds must be disjoint")
+    env = data["env"]
+    from rlid.envs import ENVIRONMENTS, make_env
+
+    if env["name"] not in ENVIRONMENTS:
+        raise ConfigError(f"{source}: unknown env '{env['name']}' (choose one of {', '.join(ENVIRONMENTS)})")
+    make_env(env["name"], **(env.get("options") or {}))            # bad env options fail here, before loading a model
+    cfg = RlidConfig(source=source, output_path=Path(data["output_path"]), env_name=env["name"],
+                     env_options=dict(env.get("options") or {}), memory_k=int(env.get("memory_k", 0)),
+                     model=data["model"], dtype=data.get("dtype", "float32"), seed=int(data.get("seed", 0)),
+                     label_style=data.get("label_style", "letters"),
+                     realise_action_text=bool(data.get("realise_action_text", False)),
+                     token_max_new_tokens=int(data.get("token_max_new_tokens", 16)), train=train,
+                     train_seeds=train_seeds, eval_seeds=eval_seeds, eval_greedy=bool(ev.get("greedy", True)),
+                     distill=dict(data.get("distill") or {}), ensemble=data.get("ensemble"), raw=data)
+    try:
+        cfg.train_config("decision")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: train: {exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: train: {exc}") from None
+    return cfg
+
+
+def load_rlid(path: str | Path) -> RlidConfig:
+    return parse_rlid(read_yaml(path), str(path))

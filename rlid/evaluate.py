@@ -1,0 +1,97 @@
+"""Success on held-out seeds, with intervals, and the rollout cost: decisions per second.
+
+`evaluate_policy` runs a decision-plane `Policy` (a `DecisionModel` or a `DecisionEnsemble`) greedily
+or sampled over seeds in lockstep (`rlid.rollout.run_episodes`); `wilson_interval` and
+`paired_difference` are the intervals the reports print."""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from rlid.types import DecisionState, Environment, Episode, OptionLaw, Policy
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score 95 % interval of a success rate (sensible at 0 and n, unlike the normal one)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of a − b over the same seeds and its paired bootstrap 95 % interval (seeds resampled)."""
+    if len(a) != len(b) or not a:
+        raise ValueError("paired_difference needs two equally long, non-empty score lists (same seeds)")
+    diffs = [float(x) - float(y) for x, y in zip(a, b)]
+    rng = random.Random(seed)
+    n = len(diffs)
+    boots = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_boot))
+    return (sum(diffs) / n, boots[int(0.025 * n_boot)], boots[min(n_boot - 1, int(0.975 * n_boot))])
+
+
+def choose(laws: Sequence[OptionLaw], greedy: bool, generator: torch.Generator | None = None) -> list[int]:
+    """Menu indices from option laws: argmax, or one sample each from π."""
+    if greedy:
+        return [int(law.log_probs.argmax()) for law in laws]
+    return [int(torch.multinomial(law.probs.detach().float(), 1, generator=generator)) for law in laws]
+
+
+@dataclass
+class EvalResult:
+    """Held-out success with its interval, the rollout cost, and the episodes themselves."""
+
+    episodes: list[Episode]
+    wall_s: float
+    decisions: int
+    invalid: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def successes(self) -> list[float]:
+        return [1.0 if e.success else 0.0 for e in self.episodes]
+
+    @property
+    def success_rate(self) -> float:
+        return sum(self.successes) / len(self.episodes) if self.episodes else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(int(sum(self.successes)), len(self.episodes))
+
+    @property
+    def decisions_per_s(self) -> float:
+        return self.decisions / self.wall_s if self.wall_s > 0 else float("inf")
+
+    def summary(self) -> dict:
+        lo, hi = self.interval
+        return {"episodes": len(self.episodes), "success": self.success_rate, "success_lo": lo, "success_hi": hi,
+                "mean_reward": sum(e.total_reward for e in self.episodes) / max(1, len(self.episodes)),
+                "decisions": self.decisions, "invalid": self.invalid, "wall_s": self.wall_s,
+                "decisions_per_s": self.decisions_per_s, **self.extra}
+
+
+def evaluate_policy(policy: Policy, make_env: Callable[[], Environment], seeds: Sequence[int], *,
+                    greedy: bool = True, memory_k: int = 0, seed: int = 0) -> EvalResult:
+    """Roll `policy` out from every seed (lockstep batches) under no_grad; time and count decisions."""
+    from rlid.rollout import run_episodes
+
+    generator = torch.Generator().manual_seed(seed)
+    decisions = 0
+
+    def policy_fn(states: list[DecisionState]) -> list[int]:
+        nonlocal decisions
+        decisions += len(states)
+        return choose(policy.laws(states), greedy, generator)
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        episodes = run_episodes(make_env, policy_fn, list(seeds), memory_k=memory_k)
+    return EvalResult(episodes, time.perf_counter() - start, decisions)
