@@ -1,0 +1,177 @@
+"""What every menu environment shares: episode bookkeeping (steps, done, the executed moves), index
+checks, option validation and the seed -> puzzle-index rule. Subclasses say what a state is."""
+from __future__ import annotations
+
+import operator
+from dataclasses import fields
+from typing import Any, Callable, TypeVar
+
+from runtime.errors import ConfigError
+from rlid.types import StepResult
+
+# Puzzle `attempt` of episode seed s is generator index s * PUZZLE_STRIDE + attempt, so resampling
+# (e.g. to skip unsolvable puzzles) never lands on another seed's first puzzle.
+PUZZLE_STRIDE = 1000
+T = TypeVar("T")
+
+
+def puzzle_index(seed: int, attempt: int = 0) -> int:
+    """The generator index of a seed's `attempt`-th puzzle; seeds are non-negative integers."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if not 0 <= attempt < PUZZLE_STRIDE:
+        raise ValueError(f"attempt {attempt} outside 0..{PUZZLE_STRIDE - 1}")
+    return seed * PUZZLE_STRIDE + attempt
+
+
+def check_int(option: str, value: Any, low: int, high: int | None = None) -> None:
+    """ConfigError unless `value` is an int in [low, high] (high None: no upper bound)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"option {option} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ConfigError(f"option {option} must be {bound}, got {value}")
+
+
+def check_bool(option: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"option {option} must be true or false, got {value!r}")
+
+
+def first_usable(env_name: str, seed: int, draw: Callable[[int, int], T | None], usable: Callable[[T], bool],
+                 fix: str) -> T:
+    """The first of a seed's generator draws `draw(seed, attempt)` (None: a failed draw) that is
+    `usable`; a ConfigError saying `fix` if none of PUZZLE_STRIDE draws is."""
+    for attempt in range(PUZZLE_STRIDE):
+        puzzle = draw(seed, attempt)
+        if puzzle is not None and usable(puzzle):
+            return puzzle
+    raise ConfigError(f"{env_name}: no usable puzzle for seed {seed} in {PUZZLE_STRIDE} draws; {fix}")
+
+
+def check_range(low_name: str, low: int, high_name: str, high: int) -> None:
+    if low > high:
+        raise ConfigError(f"option {low_name} ({low}) must be <= {high_name} ({high})")
+
+
+def options_from(cls: type, env_name: str, options: dict[str, Any]):
+    """Build the options dataclass `cls` from keyword options; an unknown key is a ConfigError
+    naming it and the valid ones. The dataclass's own `validate()` checks the values."""
+    valid = [f.name for f in fields(cls)]
+    for key in options:
+        if key not in valid:
+            raise ConfigError(f"unknown option {key!r} for environment {env_name!r}; valid options: {', '.join(valid)}")
+    built = cls(**options)
+    built.validate()
+    return built
+
+
+class MenuEnvironment:
+    """Base of the `rlid.types.Environment`s here. A subclass implements `_load(seed)` (set up the
+    seed's puzzle), `_legal()` (the menu of the current state), `_apply(index, text)` (execute a menu
+    entry), `_solved()`, and optionally `_stuck()` (no progress possible: episode over) and
+    `_final_reward(success)`. The base counts steps, ends episodes at `max_steps`, caches the menu
+    so that `step(i)` executes exactly the `menu()[i]` a policy saw, and records moves for `memory`."""
+
+    name: str = ""
+    instruction: str = ""
+    max_steps: int = 1
+
+    def __init__(self) -> None:
+        self._moves: list[str] = []
+        self._done = True
+        self._success = False
+        self._menu: list[str] | None = None
+        self.seed: int | None = None
+
+    # -- the protocol -------------------------------------------------------------------------
+    def reset(self, seed: int) -> None:
+        puzzle_index(seed)  # validates the seed
+        self.seed = seed
+        self._load(seed)
+        self._start()
+
+    def menu(self) -> list[str]:
+        if self._done:
+            return []
+        if self._menu is None:
+            self._menu = self._legal()
+        return list(self._menu)
+
+    def step(self, index: int) -> StepResult:
+        if self._done:
+            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset(seed) first")
+        menu = self.menu()
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise ValueError(f"{self.name}: action index must be an int, got {index!r}") from None
+        if not 0 <= i < len(menu):
+            raise ValueError(f"{self.name}: action index {i} outside the menu of {len(menu)} actions")
+        info = self._apply(i, menu[i]) or {}
+        self._moves.append(menu[i])
+        self._menu = None
+        success = self._solved()
+        done = success or len(self._moves) >= self.max_steps or self._stuck()
+        self._done, self._success = done, success
+        reward = self._final_reward(success) if done else 0.0
+        return StepResult(reward=reward, done=done, success=success, info=info)
+
+    def memory(self, k: int) -> str:
+        """The last k executed moves, one a line ("" when k == 0 or nothing has been done yet)."""
+        if k < 0:
+            raise ValueError(f"memory k must be >= 0, got {k}")
+        if k == 0 or not self._moves:
+            return ""
+        start = max(0, len(self._moves) - k)
+        return "\n".join(self._memory_line(n) for n in range(start, len(self._moves)))
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def success(self) -> bool:
+        return self._success
+
+    @property
+    def steps(self) -> int:
+        """Moves executed since the last reset."""
+        return len(self._moves)
+
+    @property
+    def steps_left(self) -> int:
+        return max(0, self.max_steps - len(self._moves))
+
+    @property
+    def moves(self) -> list[str]:
+        return list(self._moves)
+
+    # -- for subclasses -----------------------------------------------------------------------
+    def _start(self) -> None:
+        """Begin an episode from the state `_load` (or a hand-made setter) put in place."""
+        self._moves, self._menu, self._success = [], None, False
+        self._done = False
+        if self._solved():
+            raise ValueError(f"{self.name}: the start state is already solved")
+
+    def _memory_line(self, n: int) -> str:
+        return f"Move {n + 1}: {self._moves[n]}"
+
+    def _stuck(self) -> bool:
+        return not self._legal()
+
+    def _final_reward(self, success: bool) -> float:
+        return 1.0 if success else 0.0
+
+    def _load(self, seed: int) -> None:
+        raise NotImplementedError
+
+    def _legal(self) -> list[str]:
+        raise NotImplementedError
+
+    def _apply(self, index: int, text: str) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def _solved(self) -> bool:
+        raise NotImplementedError

@@ -1,0 +1,77 @@
+"""Rollouts in the decision plane: a policy picks menu indices, environments execute them.
+
+`run_episodes` steps many episodes in lockstep: each call of `policy_fn` is ONE batch over the
+decision states of every episode still running, so a batched decision model does one forward per
+round. Only menu entries are ever executed, so `Episode.invalid` stays 0; a policy that returns a
+wrong number of indices, or an index outside a state's menu, is a bug and raises ValueError."""
+from __future__ import annotations
+
+import operator
+from typing import Callable, Iterable, Sequence
+
+from rlid.types import DecisionState, Environment, Episode, Transition
+
+PolicyFn = Callable[[list[DecisionState]], Sequence[int]]
+
+
+def decision_state(env: Environment, memory_k: int = 0) -> DecisionState:
+    """What the policy reads at `env`'s current state: observation, legal menu, memory, instruction."""
+    actions = tuple(env.menu())
+    if not actions:
+        raise RuntimeError(f"{env.name}: empty menu before the episode ended (environment bug)")
+    return DecisionState(observation=env.observation(), actions=actions, memory=env.memory(memory_k),
+                         instruction=getattr(env, "instruction", ""))
+
+
+def checked_choices(choices: Sequence[int], states: Sequence[DecisionState]) -> list[int]:
+    """`choices` as ints, one valid menu index per state; ValueError otherwise."""
+    choices = list(choices)
+    if len(choices) != len(states):
+        raise ValueError(f"policy_fn returned {len(choices)} indices for {len(states)} states")
+    out = []
+    for n, (choice, state) in enumerate(zip(choices, states)):
+        try:
+            i = operator.index(choice)
+        except TypeError:
+            raise ValueError(f"policy_fn returned {choice!r} for state {n}; menu indices are ints") from None
+        if not 0 <= i < len(state.actions):
+            raise ValueError(f"policy_fn returned index {i} for state {n}, whose menu has {len(state.actions)} actions")
+        out.append(i)
+    return out
+
+
+def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[int], memory_k: int) -> list[Episode]:
+    episodes = [Episode(env=env.name, seed=seed) for env, seed in zip(envs, seeds)]
+    for env, seed in zip(envs, seeds):
+        env.reset(seed)
+    live = list(range(len(envs)))
+    while live:
+        states = [decision_state(envs[i], memory_k) for i in live]
+        choices = checked_choices(policy_fn(states), states)
+        still = []
+        for i, state, choice in zip(live, states, choices):
+            result = envs[i].step(choice)
+            episodes[i].transitions.append(Transition(state=state, action=choice, result=result))
+            if result.done:
+                episodes[i].success = result.success
+            elif len(episodes[i].transitions) >= envs[i].max_steps:
+                raise RuntimeError(f"{envs[i].name}: episode not done after max_steps={envs[i].max_steps} "
+                                   "(environment bug)")
+            else:
+                still.append(i)
+        live = still
+    return episodes
+
+
+def run_episode(env: Environment, policy_fn: PolicyFn, seed: int, memory_k: int = 0) -> Episode:
+    """One episode of `env` from `reset(seed)`, `policy_fn` called with one state at a time."""
+    return _lockstep([env], policy_fn, [seed], memory_k)[0]
+
+
+def run_episodes(make_env_fn: Callable[[], Environment], policy_fn: PolicyFn, seeds: Iterable[int],
+                 memory_k: int = 0) -> list[Episode]:
+    """One episode per seed (in `seeds` order), each in its own `make_env_fn()` environment, stepped
+    in lockstep: every `policy_fn` call is one batch over all episodes still running."""
+    seeds = list(seeds)
+    envs = [make_env_fn() for _ in seeds]
+    return _lockstep(envs, policy_fn, seeds, memory_k)
