@@ -2,7 +2,7 @@
 
 Each step (`rollout_and_update`): this step's train seeds (`rlid.train_loop.step_seeds`), G =
 `group_size` rollouts of each in lockstep (`rollout`, the contract's `run_episodes` signature;
-`rlid.rollout.run_episodes` can be passed in), options sampled from π with the run's generator;
+default `rlid.rollout.run_episodes`), options sampled from π with the run's generator;
 advantages (`rlid.train_loop.advantages_for`: GRPO group normalisation by default); the loss of
 `rlid.pg_loss.decision_pg_loss` (+ β·KL(π ‖ π_ref), π_ref = the model with the adapter off), one
 AdamW step on the LoRA parameters; budget, JSONL log, progress bar, checkpoints and resume come
@@ -27,7 +27,8 @@ import torch
 
 from rlid.lora import LoraAdapter
 from rlid.pg_loss import decision_pg_loss, pad_log_probs
-from rlid.train_loop import TrainConfig, TrainerBase, run_episodes
+from rlid.rollout import run_episodes
+from rlid.train_loop import TrainConfig, TrainerBase
 from rlid.types import DecisionState, Environment, Episode, OptionLaw, Policy
 
 Rollout = Callable[..., list[Episode]]  # (make_env_fn, policy_fn, seeds, memory_k) -> episodes

@@ -27,6 +27,7 @@ from runtime.files import append_line, write_json_atomic
 from rlid.advantages import RunningBaseline, decision_returns, group_advantages
 from rlid.checkpoint import restore, resume, rng_state, save_checkpoint, set_rng_state
 from rlid.lora import LoraAdapter, LoraSpec, add_lora
+from rlid.rollout import decision_state
 from rlid.types import DecisionState, Environment, Episode, StepResult, Transition
 
 TIME_FIELDS = ("wall_s", "rollout_s", "update_s", "decisions_per_s")
@@ -127,12 +128,6 @@ def step_seeds(config: TrainConfig, step: int) -> list[int]:
     return out
 
 
-def decision_state(env: Environment, memory_k: int = 0) -> DecisionState:
-    """What the policy reads at the env's current state."""
-    return DecisionState(observation=env.observation(), actions=tuple(env.menu()),
-                         memory=env.memory(memory_k) if memory_k else "", instruction=getattr(env, "instruction", ""))
-
-
 Act = Callable[[list[DecisionState]], list[tuple[int | None, Any]]]
 
 
@@ -168,13 +163,6 @@ def lockstep(make_env: Callable[[], Environment], act: Act, seeds: Sequence[int]
                 still.append(i)
         live = still
     return episodes, payloads
-
-
-def run_episodes(make_env_fn: Callable[[], Environment], policy_fn: Callable[[list[DecisionState]], list[int]],
-                 seeds: Sequence[int], memory_k: int = 0) -> list[Episode]:
-    """The contract's lockstep rollout (`rlid.rollout.run_episodes` has the same signature and may
-    replace this): `policy_fn(states) -> menu indices`, one call per round over all live episodes."""
-    return lockstep(make_env_fn, lambda states: [(i, None) for i in policy_fn(states)], seeds, memory_k)[0]
 
 
 def advantages_for(config: TrainConfig, episodes: Sequence[Episode], baseline: RunningBaseline

@@ -1,0 +1,196 @@
+"""`adafuse rlid train|eval|distill|report CONFIG`: RLiD experiments from one YAML config.
+
+    adafuse rlid train configs/rlid_countdown.yaml --plane decision   # then --plane token (same budget)
+    adafuse rlid distill configs/rlid_countdown.yaml                  # SFT on the trained LDM's trajectories
+    adafuse rlid eval configs/rlid_countdown.yaml                     # held-out seeds, every policy
+    adafuse rlid report runs/rlid_countdown                           # table + learning-curve plot
+
+Folders under `output_path`: `decision/` and `token/` (each trainer's log.jsonl, checkpoints/),
+`distill/` (examples.jsonl, log.jsonl, adapter/), `eval/` (<policy>.json summary and
+<policy>.episodes.jsonl per evaluated policy). Every verb resumes: training from its newest
+checkpoint, eval skips policies already evaluated (`--force` redoes them)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import ConfigError
+from eval.rlid_config import RlidConfig, load_rlid
+
+VERBS = ("train", "eval", "distill", "report")
+PLANES = ("decision", "token")
+POLICIES = ("untrained", "untrained-token", "decision", "token", "distill", "ensemble")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("verb", choices=VERBS, help="train a plane, distill, evaluate on held-out seeds, or report")
+    parser.add_argument("config", help="an RLiD YAML config (configs/rlid_*.yaml), or for report: its output folder")
+    parser.add_argument("--plane", choices=PLANES, default="decision", help="train: decision plane or token level")
+    parser.add_argument("--max_wall_s", type=float, default=None, help="train: override the wall-time budget")
+    parser.add_argument("--max_steps", type=int, default=None, help="train: override the step budget")
+    parser.add_argument("--policies", default=None,
+                        help=f"eval: comma-separated subset of {', '.join(POLICIES)} (default: all that exist)")
+    parser.add_argument("--force", action="store_true", help="eval: re-evaluate policies already evaluated")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bar")
+
+
+def _adapter_dir(cfg: RlidConfig, plane: str) -> Path | None:
+    from rlid.checkpoint import ADAPTER, resume
+    from rlid.train_loop import CHECKPOINTS
+
+    if plane == "distill":
+        path = cfg.output_path / "distill" / "adapter"
+        return path if path.is_dir() else None
+    ckpt = resume(cfg.output_path / plane / CHECKPOINTS)
+    return ckpt.path / ADAPTER if ckpt else None
+
+
+def _member(cfg: RlidConfig, name: str | None = None, adapter: Path | None = None, trainable: bool = False):
+    """A loaded member (plain Linear layers when it is trained or carries an adapter) and its adapter."""
+    from rlid.lora import LoraSpec, add_lora
+    from runtime.member import load_member
+
+    member = load_member(name or cfg.model, dtype=cfg.dtype, pack_weights=False if (trainable or adapter) else None)
+    lora = None
+    if trainable or adapter:
+        lora = add_lora(member, LoraSpec(**(cfg.train.get("lora") or {})))
+        if adapter:
+            lora.load(adapter)
+    return member, lora
+
+
+def _decision_model(cfg: RlidConfig, member):
+    from rlid.decision_model import DecisionModel
+
+    return DecisionModel(member, label_style=cfg.label_style, realise_action_text=cfg.realise_action_text)
+
+
+def train(cfg: RlidConfig, args: argparse.Namespace) -> int:
+    from rlid.rollout import run_episodes
+    from rlid.token_policy import TokenPolicy
+    from rlid.token_train import TokenTrainer
+    from rlid.train import DecisionTrainer
+
+    overrides = {k: v for k, v in (("max_wall_s", args.max_wall_s), ("max_steps", args.max_steps)) if v is not None}
+    tc = cfg.train_config(args.plane, progress=not args.no_progress, **overrides)
+    member, adapter = _member(cfg, trainable=True)
+    if args.plane == "decision":
+        trainer = DecisionTrainer(_decision_model(cfg, member), cfg.make_env(), tc, adapter, rollout=run_episodes)
+    else:
+        trainer = TokenTrainer(TokenPolicy(member, max_new_tokens=cfg.token_max_new_tokens), cfg.make_env(), tc, adapter)
+    records = trainer.run()
+    last = records[-1] if records else {}
+    print(f"{args.plane} plane: step {trainer.step}, {trainer.counters['wall_s']:.0f} s of training; "
+          f"last step reward {last.get('reward_mean', float('nan')):.3f}, success {last.get('success_rate', float('nan')):.2f}; "
+          f"log: {tc.out_dir}/log.jsonl")
+    return 0
+
+
+def distill(cfg: RlidConfig, args: argparse.Namespace) -> int:
+    from rlid.distill import DistillTrainer, collect_examples, write_examples
+    from rlid.token_policy import TokenPolicy
+    from runtime.files import write_json_atomic
+
+    teacher_adapter = _adapter_dir(cfg, "decision")
+    if teacher_adapter is None:
+        raise ConfigError(f"no trained decision model under {cfg.output_path / 'decision'}; "
+                          f"run `adafuse rlid train {cfg.source} --plane decision` first")
+    out = cfg.output_path / "distill"
+    out.mkdir(parents=True, exist_ok=True)
+    d = cfg.distill
+    seeds = range(d["seeds"]["start"], d["seeds"]["start"] + d["seeds"]["count"]) if d.get("seeds") else cfg.train_seeds
+    member, _ = _member(cfg, adapter=teacher_adapter)
+    examples, result = collect_examples(_decision_model(cfg, member), cfg.make_env(), seeds,
+                                        memory_k=cfg.memory_k, only_successful=d.get("only_successful", True))
+    write_examples(out / "examples.jsonl", examples)
+    print(f"teacher: {result.success_rate:.1%} solved on {len(seeds)} train seeds; {len(examples)} examples")
+    del member
+    student, lora = _member(cfg, trainable=True)
+    policy = TokenPolicy(student, max_new_tokens=cfg.token_max_new_tokens)
+    log = []
+    trainer = DistillTrainer(policy, lora, examples, epochs=d.get("epochs", 2), lr=d.get("lr", 2e-4),
+                             batch_size=d.get("batch_size", 8), seed=cfg.seed, log=lambda r: (log.append(r), print(r)))
+    trainer.run()
+    lora.save(out / "adapter")
+    write_json_atomic(out / "log.json", {"teacher_train_success": result.success_rate, "examples": len(examples),
+                                         "epochs": log})
+    return 0
+
+
+def _evaluate_one(cfg: RlidConfig, which: str):
+    from rlid.distill import evaluate_token_policy
+    from rlid.evaluate import evaluate_policy
+    from rlid.token_policy import TokenPolicy
+
+    env, seeds = cfg.make_env(), cfg.eval_seeds
+    if which == "ensemble":
+        return _evaluate_ensemble(cfg)
+    plane = {"untrained": None, "untrained-token": None, "decision": "decision", "token": "token", "distill": "distill"}[which]
+    adapter = _adapter_dir(cfg, plane) if plane else None
+    if plane and adapter is None:
+        return None                                        # not trained yet: nothing to evaluate
+    member, _ = _member(cfg, adapter=adapter)
+    if which in ("untrained", "decision"):
+        return evaluate_policy(_decision_model(cfg, member), env, seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+    policy = TokenPolicy(member, max_new_tokens=cfg.token_max_new_tokens)
+    return evaluate_token_policy(policy, env, seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+
+
+def _evaluate_ensemble(cfg: RlidConfig):
+    from rlid.ensemble import DecisionEnsemble
+    from rlid.evaluate import evaluate_policy
+
+    e = cfg.ensemble
+    if not e:
+        return None
+    adapters = list(e.get("adapters") or [None] * len(e["members"]))
+    if len(adapters) != len(e["members"]):
+        raise ConfigError(f"{cfg.source}: ensemble.adapters needs one entry (a folder or null) per member")
+    models = [_decision_model(cfg, _member(cfg, name, Path(a) if a else None)[0]) for name, a in zip(e["members"], adapters)]
+    ens = DecisionEnsemble(models, e.get("weights"), lead=e.get("lead", 0), threshold=e.get("threshold", 0.5),
+                           rule=e.get("rule", "mixture"))
+    result = evaluate_policy(ens, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+    result.extra.update(consult_rate=ens.counts.consult_rate, consulted=ens.counts.consulted, members=e["members"])
+    for name, model in zip(e["members"], models):          # each member alone, same seeds
+        alone = evaluate_policy(model, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+        result.extra[f"alone:{name}"] = alone.successes
+    return result
+
+
+def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
+    from eval.rlid_report import episode_record, print_table
+    from runtime.files import write_json_atomic, write_text_atomic
+
+    out = cfg.output_path / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = args.policies.split(",") if args.policies else list(POLICIES)
+    bad = sorted(set(wanted) - set(POLICIES))
+    if bad:
+        raise ConfigError(f"unknown --policies {bad}; choose among {', '.join(POLICIES)}")
+    for which in wanted:
+        path = out / f"{which}.json"
+        if path.exists() and not args.force:
+            continue
+        result = _evaluate_one(cfg, which)
+        if result is None:
+            print(f"{which}: nothing to evaluate yet (not trained / not configured)")
+            continue
+        write_text_atomic(out / f"{which}.episodes.jsonl", "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
+        write_json_atomic(path, {"policy": which, "seeds": [cfg.eval_seeds.start, cfg.eval_seeds.stop],
+                                 **result.summary(), "per_seed": result.successes})
+        print(f"{which}: success {result.success_rate:.1%} on {len(result.episodes)} held-out seeds")
+    print_table(cfg.output_path)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.verb == "report":
+        from eval.rlid_report import report
+
+        return report(Path(args.config))
+    cfg = load_rlid(args.config)
+    return {"train": train, "eval": evaluate, "distill": distill}[args.verb](cfg, args)
+
+

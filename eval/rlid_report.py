@@ -1,0 +1,114 @@
+"""RLiD reports: the held-out table of every evaluated policy (success with Wilson intervals, paired
+differences on the same seeds, invalid actions, decisions per second) and the learning curve
+(training success vs wall time, decision plane vs token level).
+
+    adafuse rlid report runs/rlid_countdown      # writes report.md and learning_curve.png there"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import ConfigError
+from rlid.evaluate import paired_difference
+from rlid.types import Episode
+
+ORDER = ("untrained", "untrained-token", "decision", "token", "distill", "ensemble")
+
+
+def episode_record(ep: Episode) -> dict[str, Any]:
+    """An episode as one JSONL record: seed, success, reward, invalid count, the chosen actions."""
+    return {"env": ep.env, "seed": ep.seed, "success": ep.success, "reward": ep.total_reward, "invalid": ep.invalid,
+            "steps": len(ep.transitions),
+            "actions": [t.state.actions[t.action] if t.action >= 0 else None for t in ep.transitions]}
+
+
+def load_results(folder: Path) -> dict[str, dict]:
+    found = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((folder / "eval").glob("*.json"))}
+    return {k: found[k] for k in sorted(found, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))}
+
+
+def _diff(a: list[float], b: list[float]) -> str:
+    mean, lo, hi = paired_difference(a, b)
+    star = "*" if lo > 0 or hi < 0 else ""
+    return f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]{star}"
+
+
+def table(folder: Path) -> str:
+    """The markdown table of `folder/eval/*.json` (paired columns: vs the untrained LDM and vs token-level RL)."""
+    results = load_results(folder)
+    if not results:
+        return f"(no evaluated policies under {folder / 'eval'})"
+    base, tok = results.get("untrained"), results.get("token")
+    lines = ["| policy | held-out seeds | success % [95 % CI] | vs untrained LDM (pp) | vs token-level RL (pp) "
+             "| invalid actions | decisions / s |", "|---|--:|---|---|---|--:|--:|"]
+    for name, r in results.items():
+        vs_base = _diff(r["per_seed"], base["per_seed"]) if base and name != "untrained" else ""
+        vs_tok = _diff(r["per_seed"], tok["per_seed"]) if tok and name != "token" else ""
+        lines.append(f"| {name} | {r['episodes']} | {100 * r['success']:.1f} [{100 * r['success_lo']:.1f}, "
+                     f"{100 * r['success_hi']:.1f}] | {vs_base} | {vs_tok} | {r['invalid']} "
+                     f"({r['invalid'] / max(1, r['decisions']):.0%}) | {r['decisions_per_s']:.2f} |")
+    ens = results.get("ensemble")
+    if ens:
+        lines += ["", f"Ensemble of {', '.join(ens['members'])}: the gate consulted the others on "
+                      f"{ens['consulted']} of {ens['decisions']} decisions ({ens['consult_rate']:.0%})."]
+        for key, alone in ens.items():
+            if key.startswith("alone:"):
+                lines.append(f"- vs {key[6:]} alone ({100 * sum(alone) / len(alone):.1f} %): "
+                             f"{_diff(ens['per_seed'], alone)} pp")
+    return "\n".join(lines)
+
+
+def print_table(folder: Path) -> None:
+    print(table(folder))
+
+
+def _curve(path: Path) -> tuple[list[float], list[float]]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    xs, ys, window = [], [], []
+    for r in rows:
+        window = (window + [r["success_rate"]])[-5:]            # a running mean over the last 5 steps
+        xs.append(r["wall_s"] / 60)
+        ys.append(100 * sum(window) / len(window))
+    return xs, ys
+
+
+def plot(folder: Path) -> Path | None:
+    """Training success (sampled rollouts on train seeds, running mean of 5 steps) vs wall minutes."""
+    logs = {plane: folder / plane / "log.jsonl" for plane in ("decision", "token")}
+    logs = {k: v for k, v in logs.items() if v.exists()}
+    if not logs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for plane, path in logs.items():
+        xs, ys = _curve(path)
+        ax.plot(xs, ys, label={"decision": "decision plane (LDM)", "token": "token-level RL"}[plane])
+    ax.set_xlabel("training wall time (min)")
+    ax.set_ylabel("train success % (5-step mean)")
+    ax.set_title(folder.name)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = folder / "learning_curve.png"
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def report(folder: Path) -> int:
+    if not folder.is_dir():
+        raise ConfigError(f"{folder} is not a folder; give an RLiD run's output_path (e.g. runs/rlid_countdown)")
+    from runtime.files import write_text_atomic
+
+    text = table(folder)
+    png = plot(folder)
+    write_text_atomic(folder / "report.md", f"# {folder.name}\n\n{text}\n" + (f"\n![learning curve]({png.name})\n" if png else ""))
+    print(text)
+    if png:
+        print(f"learning curve: {png}")
+    return 0

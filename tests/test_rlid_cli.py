@@ -1,0 +1,73 @@
+"""`adafuse rlid train|distill|eval|report` end to end on a tiny random model saved to a folder:
+every verb runs, writes what it says, resumes, and bad configs are one-line errors (exit 2)."""
+import json
+
+import pytest
+import yaml
+
+from eval.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from runtime.testing import char_tokenizer, tiny_model
+
+    root = tmp_path_factory.mktemp("rlid_model")
+    tok = char_tokenizer()
+    model = tiny_model("llama", vocab_size=len(tok), hidden=32, layers=1)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    return str(root / "tiny")
+
+
+def write_config(tmp_path, model_dir, **extra):
+    cfg = {"output_path": str(tmp_path / "run"), "model": model_dir, "seed": 0,
+           "env": {"name": "arc_1d"}, "token_max_new_tokens": 4,
+           "train": {"seeds": {"start": 0, "count": 8}, "seeds_per_step": 2, "group_size": 2, "max_steps": 2,
+                     "checkpoint_every": 1, "lr": 1e-3, "lora": {"r": 2, "alpha": 4}},
+           "eval": {"seeds": {"start": 1000, "count": 4}},
+           "distill": {"epochs": 1, "batch_size": 2, "only_successful": False, "seeds": {"start": 0, "count": 3}},
+           "ensemble": {"members": [model_dir, model_dir], "threshold": 1.0}, **extra}
+    path = tmp_path / "rlid.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path), tmp_path / "run"
+
+
+def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
+    config, out = write_config(tmp_path, model_dir)
+    assert main(["rlid", "train", config, "--plane", "decision", "--no_progress"]) == 0
+    assert main(["rlid", "train", config, "--plane", "token", "--no_progress"]) == 0
+    log = [json.loads(line) for line in (out / "decision" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]
+    assert main(["rlid", "train", config, "--plane", "decision", "--max_steps", "3", "--no_progress"]) == 0
+    log = [json.loads(line) for line in (out / "decision" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]                    # resumed from step 2, not restarted
+    assert main(["rlid", "distill", config]) == 0
+    assert (out / "distill" / "adapter").is_dir() and (out / "distill" / "examples.jsonl").exists()
+    assert main(["rlid", "eval", config]) == 0
+    results = {p.stem for p in (out / "eval").glob("*.json")}
+    assert results == {"untrained", "untrained-token", "decision", "token", "distill", "ensemble"}
+    dec = json.loads((out / "eval" / "decision.json").read_text())
+    assert dec["episodes"] == 4 and dec["invalid"] == 0 and len(dec["per_seed"]) == 4
+    ens = json.loads((out / "eval" / "ensemble.json").read_text())
+    assert ens["consult_rate"] == 1.0                               # threshold 1.0: always consults
+    assert main(["rlid", "report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| decision | 4 |" in text and (out / "learning_curve.png").exists() and (out / "report.md").exists()
+
+
+def test_bad_configs_are_one_line_errors(tmp_path, model_dir, capsys):
+    config, _ = write_config(tmp_path, model_dir, eval={"seeds": {"start": 4, "count": 10}})
+    assert main(["rlid", "train", config]) == 2
+    assert "overlap" in capsys.readouterr().err
+    config, _ = write_config(tmp_path, model_dir, env={"name": "chess"})
+    assert main(["rlid", "eval", config]) == 2
+    assert "unknown env 'chess'" in capsys.readouterr().err
+    config, _ = write_config(tmp_path, model_dir, train={"seeds": {"start": 0, "count": 4}, "max_steps": 1, "lr_rate": 1})
+    assert main(["rlid", "train", config]) == 2
+    err = capsys.readouterr().err
+    assert "lr_rate" in err and err.count("\n") == 1
+    config, _ = write_config(tmp_path / "x", model_dir) if (tmp_path / "x").mkdir() is None else (None, None)
+    assert main(["rlid", "distill", config]) == 2
+    assert "no trained decision model" in capsys.readouterr().err
