@@ -103,7 +103,7 @@ class DistillTrainer:
                 loss.backward()
                 self.optimizer.step()
                 self.adapter.weights_changed()
-                total, count = total + float(loss) * len(batch), count + len(batch)
+                total, count = total + float(loss.detach()) * len(batch), count + len(batch)
             rec = {"epoch": epoch + 1, "nll": total / count, "examples": count, "wall_s": time.perf_counter() - start}
             records.append(rec)
             if self.log:
