@@ -138,6 +138,18 @@ def _evaluate_one(cfg: RlidConfig, which: str):
     return evaluate_token_policy(policy, env, seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
 
 
+def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
+    """An `ensemble.adapters` entry: null (the member as loaded), "decision" (this run's trained LDM
+    adapter, its newest checkpoint), or an adapter folder."""
+    if entry is None:
+        return None
+    path = _adapter_dir(cfg, "decision") if entry == "decision" else Path(entry)
+    if path is None or not path.is_dir():
+        raise ConfigError(f"{cfg.source}: ensemble adapter {entry!r} not found; train the decision plane first "
+                          f"or give an adapter folder")
+    return path
+
+
 def _evaluate_ensemble(cfg: RlidConfig):
     from rlid.ensemble import DecisionEnsemble
     from rlid.evaluate import evaluate_policy
@@ -148,7 +160,7 @@ def _evaluate_ensemble(cfg: RlidConfig):
     adapters = list(e.get("adapters") or [None] * len(e["members"]))
     if len(adapters) != len(e["members"]):
         raise ConfigError(f"{cfg.source}: ensemble.adapters needs one entry (a folder or null) per member")
-    models = [_decision_model(cfg, _member(cfg, name, Path(a) if a else None)[0]) for name, a in zip(e["members"], adapters)]
+    models = [_decision_model(cfg, _member(cfg, name, _ensemble_adapter(cfg, a))[0]) for name, a in zip(e["members"], adapters)]
     ens = DecisionEnsemble(models, e.get("weights"), lead=e.get("lead", 0), threshold=e.get("threshold", 0.5),
                            rule=e.get("rule", "mixture"))
     result = evaluate_policy(ens, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)

@@ -28,7 +28,7 @@ def write_config(tmp_path, model_dir, **extra):
                      "checkpoint_every": 1, "lr": 1e-3, "lora": {"r": 2, "alpha": 4}},
            "eval": {"seeds": {"start": 1000, "count": 4}},
            "distill": {"epochs": 1, "batch_size": 2, "only_successful": False, "seeds": {"start": 0, "count": 3}},
-           "ensemble": {"members": [model_dir, model_dir], "threshold": 1.0}, **extra}
+           "ensemble": {"members": [model_dir, model_dir], "adapters": ["decision", None], "threshold": 1.0}, **extra}
     path = tmp_path / "rlid.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path), tmp_path / "run"
