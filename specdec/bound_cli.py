@@ -46,6 +46,18 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+def _temperatures(text: str) -> list[float]:
+    """Comma-separated temperatures, each a finite number > 0 (argparse turns the error into one line)."""
+    try:
+        values = _floats(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 0.5,0.7,1.0") from None
+    bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"temperatures must be finite numbers > 0, got {text!r} (e.g. 0.5,0.7,1.0)")
+    return values
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -62,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache_dir", default=None, help="logit cache (default OUTPUT_DIR/cache)")
     parser.add_argument("--cache_dtype", default="float16", choices=["float16", "float32"], help="stored logit precision")
     parser.add_argument("--ns", type=_ints, default=[2, 3, 4, 8], help="comma-separated numbers of drafts")
-    parser.add_argument("--temperatures", type=_floats, default=[0.5, 0.7, 1.0], help="comma-separated temperatures")
+    parser.add_argument("--temperatures", type=_temperatures, default=[0.5, 0.7, 1.0], help="comma-separated temperatures")
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated verifiers")
     parser.add_argument("--num_samples", type=int, default=1024, help="Monte Carlo draft tuples per position (rrs-without)")
     parser.add_argument("--seed", type=int, default=0)

@@ -296,6 +296,8 @@ CASES: list[tuple[str, Argv, str]] = [
     # -- bound -------------------------------------------------------------------------------
     ("bound-ns-type", lambda e: ["bound", "--source", "fake", "--ns", "x"], "argument --ns: invalid _ints value: 'x'"),
     ("bound-temperatures-type", lambda e: ["bound", "--source", "fake", "--temperatures", "hot"], "argument --temperatures"),
+    ("bound-temperatures-nan", lambda e: ["bound", "--source", "fake", "--temperatures", "0.7,nan"], "finite numbers > 0"),
+    ("bound-temperatures-zero", lambda e: ["bound", "--source", "fake", "--temperatures", "0"], "finite numbers > 0"),
     ("bound-verifier-unknown", lambda e: ["bound", "--source", "fake", "--methods", "nope"], "unknown or unsupported verifiers"),
     ("bound-num-prompts-0", lambda e: ["bound", "--source", "fake", "--num_prompts", "0"], "must be positive"),
     ("bound-source-unknown", lambda e: ["bound", "--source", "web"], "argument --source: invalid choice: 'web'"),
