@@ -194,6 +194,8 @@ def _check_run_tasks(runs: list[RunSpec], tasks: list[str], source: str) -> None
 def parse_config(data: Any, source: str = "<config>", *, limit: int | None = None, output_path: str | None = None,
                  seed: int | None = None, batch_size: int | None = None, data_dir: str | None = None) -> EvalConfig:
     """Validate a config mapping and resolve it; keyword arguments are command-line overrides."""
+    if isinstance(data, dict) and "env" in data and "model" in data and "tasks" not in data:
+        raise ConfigError(f"{source} is an RLiD experiment config; run it with `adafuse rlid train|distill|eval {source}`")
     validate(data, CONFIG_SCHEMA, source)
     data = _tune_runs(data, source)
     if "runs" in data and any(k in data for k in ("method", "members", "options", "name")):
