@@ -14,7 +14,7 @@ from eval.config import load_config, resolve_config_path
 from runtime.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "specdec", "adafuse", "eval")
+PACKAGES = ("runtime", "specdec", "adafuse", "rlid", "eval")
 
 
 def _package_files() -> set[str]:
