@@ -19,7 +19,7 @@ import torch
 from rlid.batching import PolicyCounters, forward, left_pad, pad_token_id
 from rlid.menu import labels as make_labels
 from rlid.menu import menu_realisations
-from rlid.option_law import batched_option_log_probs
+from rlid.option_law import batched_option_log_probs, pick
 from rlid.prompt import compile_prompt, decision_text
 from rlid.types import DecisionState, OptionLaw
 from runtime.member import Member, load_member
@@ -113,11 +113,4 @@ class DecisionModel:
         """(chosen menu indices, laws): argmax of π when `greedy`, else a sample from π drawn with
         `generator` (torch's global generator when None)."""
         laws = self.laws(states)
-        picks = []
-        for law in laws:
-            p = law.probs.detach().float()
-            if greedy:
-                picks.append(int(p.argmax()))
-            else:
-                picks.append(int(torch.multinomial(p.cpu(), 1, generator=generator)))
-        return picks, laws
+        return pick(laws, greedy, generator), laws

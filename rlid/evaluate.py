@@ -13,7 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from rlid.types import DecisionState, Environment, Episode, OptionLaw, Policy
+from rlid.option_law import pick
+from rlid.types import DecisionState, Environment, Episode, Policy
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -35,13 +36,6 @@ def paired_difference(a: Sequence[float], b: Sequence[float], n_boot: int = 2000
     n = len(diffs)
     boots = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_boot))
     return (sum(diffs) / n, boots[int(0.025 * n_boot)], boots[min(n_boot - 1, int(0.975 * n_boot))])
-
-
-def choose(laws: Sequence[OptionLaw], greedy: bool, generator: torch.Generator | None = None) -> list[int]:
-    """Menu indices from option laws: argmax, or one sample each from π."""
-    if greedy:
-        return [int(law.log_probs.argmax()) for law in laws]
-    return [int(torch.multinomial(law.probs.detach().float(), 1, generator=generator)) for law in laws]
 
 
 @dataclass
@@ -89,7 +83,7 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], Environment], seeds: 
     def policy_fn(states: list[DecisionState]) -> list[int]:
         nonlocal decisions
         decisions += len(states)
-        return choose(policy.laws(states), greedy, generator)
+        return pick(policy.laws(states), greedy, generator)
 
     start = time.perf_counter()
     with torch.no_grad():

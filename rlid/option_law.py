@@ -74,3 +74,11 @@ def margin(log_probs: torch.Tensor) -> torch.Tensor:
         return torch.ones(p.shape[:-1], dtype=p.dtype, device=p.device)
     top = torch.topk(p, 2, dim=-1).values
     return top[..., 0] - top[..., 1]
+
+
+def pick(laws, greedy: bool, generator: torch.Generator | None = None) -> list[int]:
+    """One menu index per `OptionLaw`: the argmax of π when `greedy`, else a sample from π drawn with
+    `generator` (torch's global generator when None)."""
+    if greedy:
+        return [int(law.log_probs.detach().argmax()) for law in laws]
+    return [int(torch.multinomial(law.probs.detach().float().cpu(), 1, generator=generator)) for law in laws]

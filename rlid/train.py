@@ -20,23 +20,18 @@ or entropy terms they are not re-scored; the loss still divides by all of the st
 """
 from __future__ import annotations
 
-import time
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
 from rlid.lora import LoraAdapter
+from rlid.option_law import pick
 from rlid.pg_loss import decision_pg_loss, pad_log_probs
 from rlid.rollout import run_episodes
 from rlid.train_loop import TrainConfig, TrainerBase
-from rlid.types import DecisionState, Environment, Episode, OptionLaw, Policy
+from rlid.types import DecisionState, Environment, Episode, Policy
 
 Rollout = Callable[..., list[Episode]]  # (make_env_fn, policy_fn, seeds, memory_k) -> episodes
-
-
-def sample_options(laws: Sequence[OptionLaw], generator: torch.Generator | None) -> list[int]:
-    """One menu index per law, drawn from π with `generator`."""
-    return [int(torch.multinomial(law.probs.detach().float(), 1, generator=generator)) for law in laws]
 
 
 class DecisionTrainer(TrainerBase):
@@ -55,7 +50,7 @@ class DecisionTrainer(TrainerBase):
         """The rollout's `policy_fn`: sample from π under no_grad, remembering log π of each state."""
         with torch.no_grad():
             laws = self.policy.laws(states)
-        chosen = sample_options(laws, self.generator)
+        chosen = pick(laws, greedy=False, generator=self.generator)
         for state, law in zip(states, laws):
             self._acted[id(state)] = (state, law.log_probs.detach().tolist())
         return chosen
