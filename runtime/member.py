@@ -124,16 +124,21 @@ class Member:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     # ---- state -----------------------------------------------------------------------------
-    def start(self, prompts_ids: Sequence[Sequence[int]]) -> "KVState":
+    def start(self, prompts_ids: Sequence[Sequence[int]], room: int = 0) -> "KVState":
         """Prefill a KV state for a batch of prompts: full `prefix_chunk` chunks from the
         `prefix_cache` (computed on a miss), the rest of every prompt in one batched forward. A prompt
-        without tokens, or one that fills the model's whole context, is a one-line ConfigError."""
+        without tokens, one that fills the model's whole context, or one that leaves less than `room`
+        positions (the new tokens the caller may add) is a one-line ConfigError, before any forward."""
         for i, p in enumerate(prompts_ids):
             if not len(p):
                 raise ConfigError(f"prompt #{i + 1} gives member '{self.name}' no tokens; give a non-empty prompt")
             if self.max_context and len(p) >= self.max_context:
                 raise ConfigError(f"prompt #{i + 1} is {len(p)} tokens long, but member '{self.name}' has a context of "
                                   f"{self.max_context} tokens; shorten it (e.g. fewer few-shot exemplars: num_fewshot)")
+            if self.max_context and len(p) + room > self.max_context:
+                raise ConfigError(f"prompt #{i + 1} is {len(p)} tokens long and asks for up to {room} new tokens, but "
+                                  f"member '{self.name}' has a context of {self.max_context} tokens; lower max_new_tokens "
+                                  f"to {self.max_context - len(p)} or shorten the prompt")
         state = KVState(self, batch_size=len(prompts_ids))
         C = int(self.prefix_chunk or 0)
         n_chunks = [max(len(p) - 1, 0) // C if C > 0 else 0 for p in prompts_ids]
@@ -219,7 +224,7 @@ class Member:
         stops = StopStrings(stop)
         prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
         gens = make_generators(len(prompts), seed, self.device)
-        state = self.start(prompt_ids)
+        state = self.start(prompt_ids, room=max_new_tokens)
         texts, finish, new_ids = self.decode_plain(state, max_new_tokens, stops, temperature, top_k, top_p, gens)
         cost = meter.cost()
         outs = [GenerationOutput(texts[b], len(new_ids[b]), finish[b], cost if b == 0 else Cost(wall_time_s=0.0))

@@ -119,7 +119,7 @@ class SpeculativeGenerator:
         stops = StopStrings(stop).stops
         prompt_ids = [tgt.encode_prompt(p, chat) for p in prompts]
         gens = sampling.generators(len(prompts), tgt.device)
-        state = tgt.start(prompt_ids)
+        state = tgt.start(prompt_ids, room=max_new_tokens)
         if self.drafter is not None:
             self.drafter.reset()
         finish: list[str | None] = [None] * len(prompts)

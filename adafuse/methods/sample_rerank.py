@@ -110,7 +110,7 @@ def write_answers(members: Sequence[Member], request: GenerationRequest, n: int,
         member = members[m]
         rows = [(b, j) for b in range(B) for j in range(n)]
         prompt_ids = [member.encode_prompt(p, request.chat) for p in request.prompts]
-        state = member.start([prompt_ids[b] for b, _ in rows])
+        state = member.start([prompt_ids[b] for b, _ in rows], room=request.max_new_tokens)
         gens = None
         if seed is not None:
             gens = [torch.Generator(device=member.device).manual_seed(int(seed) + SEED_STRIDE * (m * n + j) + b)
