@@ -5,59 +5,52 @@
     gsm8k = evaluate.load(PATH, "gsm8k")
     gsm8k.compute(predictions=["... so the answer is 18."], references=["18"])  # {'exact_match_number': 1.0}
 
-Configs (the scores `adafuse eval` writes to metrics.json, from the same functions in `eval.metrics`:
-EM/F1 as fractions, BLEU/chrF 0-100 as sacreBLEU):
-- "gsm8k": the final number of each output (`gsm8k_final_number`) against the gold number
-  (`exact_match_number`: "18.00" == "18", "8" != "18");
-- "nq_open": the output's first line (`first_line`) against a list of gold aliases, SQuAD
-  normalisation, `exact_match` and `f1` (max over aliases);
-- "wmt": corpus `bleu` and `chrf` (sacreBLEU defaults, one reference per segment) of the first lines;
-  `tokenize="zh"` for BLEU into Chinese.
-`raw_outputs=False` scores the predictions as given (no answer extraction).
+The config name is a task of ours (`eval.task.available_tasks()`: gsm8k, nq_open, wmt22_de_en, wmt22_en_zh, ...;
+"wmt" = wmt22_de_en). Scores are computed by that task itself — its answer filter (`Task.extract`), per-row
+`Task.score` and `Task.values` — so they are the numbers `adafuse eval` writes to metrics.json (EM/F1 as
+fractions, BLEU/chrF 0-100 as sacreBLEU). nq_open takes a list of gold aliases per row. `raw_outputs=False`
+scores the predictions as given (no answer extraction); `tokenize="zh"` sets BLEU's tokenizer.
 """
 from __future__ import annotations
 
 import datasets
 import evaluate
 
-from eval.metrics import (corpus_score_from_stats, corpus_stats, exact_match, exact_match_number, f1, first_line,
-                          gsm8k_final_number)
+from eval.task import Task, available_tasks, get_task
 
 PATH = __file__
+ALIASES = {"wmt": "wmt22_de_en"}
+LIST_GOLD = {"nq_open"}  # tasks whose gold is a list of aliases
 
-_FEATURES = {
-    "gsm8k": datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
-    "nq_open": datasets.Features({"predictions": datasets.Value("string"),
-                                  "references": datasets.Sequence(datasets.Value("string"))}),
-    "wmt": datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
-}
+
+def _task(config_name: str) -> Task:
+    name = ALIASES.get(config_name, config_name)
+    if name not in available_tasks():
+        raise ValueError(f"unknown adafuse_strict config {config_name!r}; use one of "
+                         f"{sorted(set(available_tasks()) - {'_wmt22'} | set(ALIASES))}")
+    return get_task(name)
 
 
 class AdafuseStrict(evaluate.Metric):
-    """adafuse's strict GSM8K / NQ-open / WMT metrics; config name = task."""
+    """adafuse's strict task metrics; config name = task."""
 
     def _info(self) -> evaluate.MetricInfo:
-        if self.config_name not in _FEATURES:
-            raise ValueError(f"unknown adafuse_strict config {self.config_name!r}; use one of {sorted(_FEATURES)}")
+        task = _task(self.config_name)
+        gold = datasets.Sequence(datasets.Value("string")) if task.name in LIST_GOLD else datasets.Value("string")
         return evaluate.MetricInfo(
             description="adafuse's strict task metrics (GSM8K final-number match, NQ-open EM/F1 over aliases, "
                         "WMT corpus BLEU/chrF), identical to `adafuse eval`'s scores.",
-            citation="", inputs_description=__doc__, features=_FEATURES[self.config_name])
+            citation="", inputs_description=__doc__,
+            features=datasets.Features({"predictions": datasets.Value("string"), "references": gold}))
 
     def _compute(self, predictions, references, raw_outputs: bool = True, tokenize: str | None = None
                  ) -> dict[str, float]:
-        task = self.config_name
-        if task == "gsm8k":
-            answers = [gsm8k_final_number(p) if raw_outputs else p for p in predictions]
-            return {"exact_match_number": _mean([exact_match_number(a, g) for a, g in zip(answers, references)])}
-        answers = [first_line(p) if raw_outputs else p for p in predictions]
-        if task == "nq_open":
-            return {"exact_match": _mean([exact_match(a, g) for a, g in zip(answers, references)]),
-                    "f1": _mean([f1(a, g) for a, g in zip(answers, references)])}
-        bleu = {"tokenize": tokenize} if tokenize else {}  # e.g. "zh" for English -> Chinese, as wmt22_en_zh.yaml
-        return {name: corpus_score_from_stats(name, [corpus_stats(name, a, r, **kw) for a, r in zip(answers, references)], **kw)
-                for name, kw in (("bleu", bleu), ("chrf", {}))}
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
+        task = _task(self.config_name)
+        if tokenize:
+            task = task.with_overrides(metric_list=[{**spec, "tokenize": tokenize} if spec["metric"] == "bleu" else spec
+                                                    for spec in task.metric_list])
+        records = []
+        for prediction, gold in zip(predictions, references):
+            scores, stats = task.score(task.extract(prediction) if raw_outputs else prediction, {"gold": gold})
+            records.append({"scores": scores, "stats": stats})
+        return task.values(records)

@@ -122,25 +122,20 @@ class Task:
         for spec in self.metric_list:
             name, kwargs = spec["metric"], {k: v for k, v in spec.items() if k != "metric"}
             if name in M.CORPUS_METRICS:
-                stats = [r["stats"][name] for r in records]
-                value = M.corpus_score_from_stats(name, stats, **kwargs)
-                lo, hi = M.bootstrap_corpus_ci(name, stats, n_resamples=n_resamples, seed=seed, **kwargs)
+                lo, hi = M.bootstrap_corpus_ci(name, [r["stats"][name] for r in records], n_resamples=n_resamples,
+                                               seed=seed, **kwargs)
             else:
-                values = [r["scores"][name] for r in records]
-                value = float(sum(values) / len(values)) if values else float("nan")
-                lo, hi = M.bootstrap_ci(values, n_resamples=n_resamples, seed=seed)
-            out[name] = {"value": value, "ci_low": lo, "ci_high": hi}
+                lo, hi = M.bootstrap_ci([r["scores"][name] for r in records], n_resamples=n_resamples, seed=seed)
+            out[name] = {"value": _metric_value(spec, records), "ci_low": lo, "ci_high": hi}
         return out
+
+    def values(self, records: list[dict]) -> dict[str, float]:
+        """{metric: value} over prediction records (the `value`s of `aggregate`, without intervals)."""
+        return {spec["metric"]: _metric_value(spec, records) for spec in self.metric_list}
 
     def running_score(self, records: list[dict]) -> float:
         """The primary metric over the records so far (for the progress bar)."""
-        spec = self.metric_list[0]
-        name, kwargs = spec["metric"], {k: v for k, v in spec.items() if k != "metric"}
-        if not records:
-            return float("nan")
-        if name in M.CORPUS_METRICS:
-            return M.corpus_score_from_stats(name, [r["stats"][name] for r in records], **kwargs)
-        return sum(r["scores"][name] for r in records) / len(records)
+        return _metric_value(self.metric_list[0], records)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for saved predictions to be reused on resume."""
@@ -148,6 +143,16 @@ class Task:
                 "fewshot_reserved": self.fewshot_reserved, "doc_to_text": self.doc_to_text, "until": self.until,
                 "filter": self.filter, "dataset_kwargs": self.dataset_kwargs,
                 **({"split": self.split} if self.split != "test" else {})}  # test: as before splits existed
+
+
+def _metric_value(spec: dict[str, Any], records: list[dict]) -> float:
+    """One metric over records: a corpus metric from summed statistics, a mean metric as the mean (nan if none)."""
+    name, kwargs = spec["metric"], {k: v for k, v in spec.items() if k != "metric"}
+    if not records:
+        return float("nan")
+    if name in M.CORPUS_METRICS:
+        return M.corpus_score_from_stats(name, [r["stats"][name] for r in records], **kwargs)
+    return float(sum(r["scores"][name] for r in records) / len(records))
 
 
 def _read_task_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
