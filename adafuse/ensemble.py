@@ -21,6 +21,7 @@ from adafuse.methods.base import check_members
 from runtime.devices import check_devices
 from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
+from runtime.member import Member
 from runtime.outputs import GenerationOutput
 from specdec import drafters as dr
 from specdec.engine import SpeculativeGenerator
@@ -59,6 +60,58 @@ def build_speculator(target, drafter: Any, dtype: str, device: str = "cpu") -> A
     return SpeculativeGenerator(target, drafter, dr.default_shape(drafter))
 
 
+MEMBER_DRAFTING = ("off", "cheapest")
+
+
+def _is_off(value: Any) -> bool:
+    return value is None or value is False or value == "off"
+
+
+def check_member_drafting(value: Any, num_members: int, lead: int, lead_drafter: Any) -> None:
+    """One-line `ConfigError` unless `value` is "off", "cheapest", a member index other than the
+    lead's, or (checked against names once loaded) a member name; the lead's own drafter must then be
+    none or 'lookup' (the member's model takes the model part of it)."""
+    if _is_off(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"member_drafting={value!r} is invalid: use 'off', 'cheapest', a member name or index")
+    if num_members < 2:
+        raise ConfigError("member_drafting needs at least two members (another member drafts for the lead)")
+    if isinstance(value, int) and not (0 <= value < num_members and value != lead):
+        raise ConfigError(f"member_drafting={value} is invalid: the index of a member other than the lead "
+                          f"({lead}), 0..{num_members - 1}")
+    if dr.parse_drafter_spec(lead_drafter).kind not in ("none", "lookup"):
+        raise ConfigError(f"member_drafting gives the lead a member as its drafter model, but the lead already has "
+                          f"drafter {lead_drafter!r}: set the lead's drafter to null or 'lookup'")
+
+
+def drafting_member(value: Any, members: Sequence[Member], lead: int, lead_drafter: Any) -> int | None:
+    """The index of the member that drafts for the lead under `member_drafting=value` (None: off):
+    "cheapest" is the non-lead member with the fewest parameters; a name or an index names it."""
+    check_member_drafting(value, len(members), lead, lead_drafter)
+    if _is_off(value):
+        return None
+    others = [i for i in range(len(members)) if i != lead]
+    if value == "cheapest":
+        return min(others, key=lambda i: (members[i].num_parameters, i))
+    if isinstance(value, int):
+        return value
+    named = [i for i in others if members[i].name == value]
+    if not named:
+        raise ConfigError(f"member_drafting={value!r} names no member other than the lead; members: "
+                          f"{', '.join(m.name for m in members)}")
+    return named[0]
+
+
+def member_drafter(member: Member, lead_drafter: Any) -> dr.Drafter:
+    """A drafter running `member` (any tokenizer: the engine drafts through text where it differs
+    from the lead's), with prompt lookup first where the lead's own drafter was 'lookup'."""
+    model = dr.ModelDrafter(member)
+    if dr.parse_drafter_spec(lead_drafter).kind == "lookup":
+        return dr.HybridDrafter(model)
+    return model
+
+
 def model_specs(members: Sequence[Any], drafters: Sequence[Any] | None) -> list[tuple[Any, bool]]:
     """(spec, pack_weights) of every model an ensemble loads: its members, then its drafters' models
     ('@int8' drafters load unpacked weights; 'lookup' and ready objects load none)."""
@@ -75,7 +128,8 @@ class Ensemble:
 
     def __init__(self, members: Sequence[Any], method: str = "adafuse", weights: Sequence[float] | None = None,
                  drafters: Sequence[Any | None] | None = None, lead: int = 0, dtype: str = "float32",
-                 chat: bool | None = None, devices: Sequence[str] | None = None, **config: Any):
+                 chat: bool | None = None, devices: Sequence[str] | None = None, member_drafting: Any = "off",
+                 **config: Any):
         if isinstance(members, (str, bytes)):
             members = [m for m in str(members).split(",") if m]
         self.config = EnsembleConfig(method, list(weights) if weights is not None else None, lead, dtype, chat,
@@ -89,8 +143,13 @@ class Ensemble:
         default_loader().check_fit(model_specs([m for m, c in zip(members, on_cpu) if c],
                                                [d for d, c in zip(drafters or [None] * len(members), on_cpu) if c]), dtype)
         self.members = [load(m, dtype=dtype, device=d) for m, d in zip(members, places)]
+        drafters = list(drafters) if drafters is not None else [None] * len(self.members)
+        drafting = drafting_member(member_drafting, self.members, lead, drafters[lead])
+        if drafting is not None:  # the lead's drafter is another member: the same loaded model, no second copy
+            drafters[lead] = member_drafter(self.members[drafting], drafters[lead])
+        self.member_drafting = None if drafting is None else self.members[drafting].name
         self.speculators = [None if d is None else build_speculator(m, d, dtype, place)
-                            for m, d, place in zip(self.members, drafters or [None] * len(self.members), places)]
+                            for m, d, place in zip(self.members, drafters, places)]
 
     def __repr__(self) -> str:
         return (f"Ensemble(method={self.config.method!r}, members={[m.name for m in self.members]}, "

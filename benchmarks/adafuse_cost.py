@@ -68,10 +68,10 @@ def time_prefill() -> None:
 
     start = Member.start
 
-    def timed(self, prompts_ids):
+    def timed(self, prompts_ids, *args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return start(self, prompts_ids)
+            return start(self, prompts_ids, *args, **kwargs)
         finally:
             PREFILL_S[0] += time.perf_counter() - t0
 

@@ -7,8 +7,8 @@ it completes; the result is compared with an uninterrupted run in another folder
 - rows lost: records that were complete on disk right after a kill but are missing from the final
   file (should be 0); rows redone: prompts generated beyond the uninterrupted run's count (the
   batches in flight: at most kills x batch size);
-- duplicates: ids written twice in one predictions.jsonl;
-- outputs equal: per predictions.jsonl, {id: output} equal to the uninterrupted run's (greedy and,
+- duplicates: ids written twice in one predictions.jsonl (bound: measure.jsonl, its measured positions);
+- outputs equal: per records file, {id: output} equal to the uninterrupted run's (greedy and,
   in `eval`, a seeded T > 0 task);
 - metrics equal: every metrics.json (tune: also tuned.yaml; bound: bound.json rows) equal, apart
   from wall-time fields.
@@ -78,21 +78,35 @@ def _start(sc: Scenario, out: Path, log: Path, cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+RECORD_FILES = ("predictions.jsonl", "measure.jsonl")  # eval/tune predictions; bound's measured positions
+
+
 def raw_records(path: Path) -> list[dict]:
-    """Every complete line of a predictions file, duplicates kept, read only (`read_predictions`
-    would cut a torn last line off, doing the runner's repair for it)."""
+    """Every complete line of a records file, duplicates kept, read only (`read_predictions`
+    would cut a torn last line off, doing the runner's repair for it). Records get an `id` and an
+    `output`: a measured position of `adafuse bound` is identified by (temperature, position) and
+    its output is its values; the journal's settings line is no record."""
     records = []
     for line in path.read_bytes().split(b"\n")[:-1]:  # the part after the last newline is in flight
         try:
-            records.append(json.loads(line))
+            rec = json.loads(line)
         except ValueError:
-            records.append({"id": None, "output": None})  # a bad line: counts as a foreign record
+            rec = {"id": None, "output": None}  # a bad line: counts as a foreign record
+        if "settings" in rec:
+            continue
+        if "id" not in rec:
+            rec = {"id": (rec.get("t"), rec.get("j")), "output": json.dumps([rec.get("alpha"), rec.get("est")])}
+        records.append(rec)
     return records
 
 
+def record_files(out: Path) -> list[Path]:
+    return sorted(p for name in RECORD_FILES for p in out.rglob(name))
+
+
 def snapshot(out: Path) -> dict[str, list[Any]]:
-    """{predictions.jsonl path relative to `out`: ids of its complete lines, in file order}."""
-    return {str(p.relative_to(out)): [r["id"] for r in raw_records(p)] for p in sorted(out.rglob("predictions.jsonl"))}
+    """{records file path relative to `out`: ids of its complete lines, in file order}."""
+    return {str(p.relative_to(out)): [r["id"] for r in raw_records(p)] for p in record_files(out)}
 
 
 def _strip(value: Any) -> Any:
@@ -106,7 +120,7 @@ def _strip(value: Any) -> Any:
 def outputs_of(out: Path) -> dict[str, dict[Any, str]]:
     """{predictions.jsonl path: [(id, output)] sorted by id}, duplicates kept."""
     return {str(p.relative_to(out)): sorted(((r["id"], r["output"]) for r in raw_records(p)), key=repr)
-            for p in sorted(out.rglob("predictions.jsonl"))}
+            for p in record_files(out)}
 
 
 def metrics_of(out: Path) -> dict[str, Any]:
@@ -238,11 +252,17 @@ def tune_scenario(root: Path, data: Path) -> Scenario:
                     lambda out: ["tune", str(path), "--output_path", str(out), "--no_progress"], batch_size=4)
 
 
+# bound: each measured position is logged when it starts (as the fakes log each prompt)
+BOUND_LOG = ("from specdec import bound_cli as _b; _m = _b.measure_position; "
+             "_b.measure_position = lambda *a, **k: (open({log!r}, 'a').write('x\\n'), _m(*a, **k))[1]")
+
+
 def bound_scenario() -> Scenario:
-    return Scenario("bound", "adafuse bound --source fake (6 prompts x 4 positions, V=4096)", lambda log: "pass",
+    return Scenario("bound", "adafuse bound --source fake (6 prompts x 4 positions x 2 temperatures, V=4096)",
+                    lambda log: BOUND_LOG.format(log=log),
                     lambda out: ["bound", "--source", "fake", "--num_prompts", "6", "--positions", "4",
-                                 "--fake_vocab", "4096", "--ns", "2,4", "--temperatures", "1.0",
-                                 "--num_samples", "128", "--output_dir", str(out)], resumable=False, log=False)
+                                 "--fake_vocab", "4096", "--ns", "2,4", "--temperatures", "0.7,1.0",
+                                 "--num_samples", "128", "--output_dir", str(out)])
 
 
 def table(outcomes: list[Outcome]) -> str:

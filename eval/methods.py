@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Protocol
 
-from adafuse.ensemble import Ensemble, EnsembleConfig, model_specs
+from adafuse.ensemble import MEMBER_DRAFTING, Ensemble, EnsembleConfig, check_member_drafting, model_specs
 from runtime.devices import check_device, check_devices
 from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
@@ -106,7 +106,7 @@ def check_drafter(member: str, drafter: Any) -> None:
 
 def _check_ensemble(method: str, members: list[str], options: dict[str, Any]) -> None:
     opts = dict(options)
-    known = {k: opts.pop(k, None) for k in ("weights", "drafters", "lead", "dtype", "chat", "devices")}
+    known = {k: opts.pop(k, None) for k in ("weights", "drafters", "lead", "dtype", "chat", "devices", "member_drafting")}
     check_devices(known["devices"], len(members))
     try:
         EnsembleConfig(method, known["weights"], 0 if known["lead"] is None else known["lead"],
@@ -121,6 +121,15 @@ def _check_ensemble(method: str, members: list[str], options: dict[str, Any]) ->
                               f"got {drafters!r}")
         for member, drafter in zip(members, drafters):
             check_drafter(member, drafter)
+    _check_member_drafting(known["member_drafting"], members, known["lead"] or 0, (drafters or [None] * len(members)))
+
+
+def _check_member_drafting(value: Any, members: list[str], lead: int, drafters: list[Any]) -> None:
+    """`adafuse.ensemble.check_member_drafting`, and a name must be a member's other than the lead's."""
+    check_member_drafting(value, len(members), lead, drafters[lead] if 0 <= lead < len(drafters) else None)
+    if isinstance(value, str) and value not in MEMBER_DRAFTING and value not in members[:lead] + members[lead + 1:]:
+        raise ConfigError(f"member_drafting={value!r} names no member other than the lead ({members[lead]}); "
+                          f"members: {', '.join(members)}")
 
 
 def check_run(method: str, members: list[str], options: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """Writes that survive a kill or a full disk.
 
-- `write_text_atomic(path, text)` / `write_json_atomic(path, data)`: the new content goes to a temp
+- `write_text_atomic(path, text)` / `write_json_atomic(path, data)` / `write_bytes_atomic`: the new content goes to a temp
   file in the same folder, is flushed and fsynced, then `os.replace`d over `path`: a reader (or a
   process resuming after a kill) sees the old file or the new one, never half of one.
 - `read_text(path, what, fix, error)`: a UTF-8 file's text, or one line naming the file when it is
@@ -64,11 +64,16 @@ def read_text(path: str | os.PathLike, what: str, fix: str, error: type[Exceptio
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Replace `path` by `text` (UTF-8) atomically: temp file in the same folder, fsync, os.replace."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` by `data` atomically: temp file in the same folder, fsync, os.replace."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8"))
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

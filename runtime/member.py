@@ -83,6 +83,11 @@ class Member:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @property
+    def num_parameters(self) -> int:
+        """Numbers in its weights: parameters and buffers (packed CPU weights are buffers)."""
+        return sum(t.numel() for t in (*self.model.parameters(), *self.model.buffers()))
+
     def __repr__(self) -> str:
         return f"Member({self.name!r}, vocab={self.vocab_size}, dtype={self.dtype}, chat={self.use_chat_template})"
 

@@ -32,8 +32,10 @@ from typing import Iterable, Iterator
 import torch
 
 from runtime.errors import ConfigError, TokenizerMismatchError
+from runtime.files import write_text_atomic
 from specdec.acceptance import expected_acceptance
 from specdec.bound import optimal_acceptance
+from specdec.bound_journal import MeasureJournal, load_record, save_record, settings_key
 from specdec.drafts import SCHEMES
 from specdec.verifiers import METHOD_SCHEMES
 
@@ -148,19 +150,30 @@ def _score(member, prompt_ids: list[int], continuation: list[int]) -> torch.Tens
 def collect(args, prompts: list[tuple[str, str]], cache: Path) -> list[PromptLogits]:
     """Load cached prompts; for the missing ones run target (generate + score), then draft (score).
 
-    Models are loaded one at a time (target first) and only when something is missing."""
+    Models are loaded one at a time (target first) and only when something is missing. Each prompt's
+    target half is saved as it finishes (`KEY.target.pt`), the whole record when the draft has scored
+    it (`KEY.pt`), both atomically: a killed collection resumes at the prompt in flight, and an
+    unreadable cache file is computed again (`specdec.bound_journal`)."""
     from tqdm import tqdm
 
     cache.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.cache_dtype)
-    paths = [cache / f"{_cache_key(args, d, t)}.pt" for d, t in prompts]
-    missing = [i for i, p in enumerate(paths) if not p.exists()]
-    if missing:
+    keys = [_cache_key(args, d, t) for d, t in prompts]
+    records: dict[int, dict] = {}
+    for i, key in enumerate(keys):
+        if (cache / f"{key}.pt").exists() and (rec := load_record(cache / f"{key}.pt")) is not None:
+            records[i] = rec
+    halves: dict[int, dict] = {}
+    for i, key in enumerate(keys):
+        if i not in records and (cache / f"{key}.target.pt").exists():
+            if (rec := load_record(cache / f"{key}.target.pt", needs_draft=False)) is not None:
+                halves[i] = rec
+    todo = [i for i in range(len(keys)) if i not in records and i not in halves]
+    if todo:
         from runtime.loader import load as load_member
 
-        partial: dict[int, dict] = {}
         target = load_member(args.target, dtype=args.dtype)
-        for i in tqdm(missing, desc=f"target {args.target}", unit="prompt", file=sys.stderr):
+        for i in tqdm(todo, desc=f"target {args.target}", unit="prompt", file=sys.stderr):
             dataset, text = prompts[i]
             ids = target.encode_prompt(text)
             state = target.start([ids])
@@ -172,23 +185,26 @@ def collect(args, prompts: list[tuple[str, str]], cache: Path) -> list[PromptLog
                     break
                 state.append([[tok]], return_logits=False)
             del state
-            partial[i] = {"dataset": dataset, "text": text, "prompt_ids": ids, "continuation": cont,
-                          "target_logits": _shift(_score(target, ids, cont), dtype)}
-        vocab = target.vocab_size
+            halves[i] = {"dataset": dataset, "text": text, "prompt_ids": ids, "continuation": cont,
+                         "target_logits": _shift(_score(target, ids, cont), dtype), "vocab": target.vocab_size}
+            save_record(cache / f"{keys[i]}.target.pt", halves[i])
         del target
+    if halves:
+        from runtime.loader import load as load_member
+
         draft = load_member(args.draft, dtype=args.dtype)
+        vocab = next(iter(halves.values())).get("vocab", draft.vocab_size)
         if draft.vocab_size != vocab:
             raise TokenizerMismatchError(f"draft vocab {draft.vocab_size} != target vocab {vocab}: they must share a tokenizer")
-        for i in tqdm(missing, desc=f"draft {args.draft}", unit="prompt", file=sys.stderr):
-            rec = partial[i]
+        for i in tqdm(sorted(halves), desc=f"draft {args.draft}", unit="prompt", file=sys.stderr):
+            rec = halves[i]
             rec["draft_logits"] = _shift(_score(draft, rec["prompt_ids"], rec["continuation"]), dtype)
-            torch.save(rec, paths[i])
+            save_record(cache / f"{keys[i]}.pt", rec)
+            (cache / f"{keys[i]}.target.pt").unlink(missing_ok=True)
+            records[i] = rec
         del draft
-    out = []
-    for path in paths:
-        rec = torch.load(path, weights_only=False)
-        out.append(PromptLogits(rec["dataset"], rec["target_logits"], rec["draft_logits"]))
-    return out
+    return [PromptLogits(records[i]["dataset"], records[i]["target_logits"], records[i]["draft_logits"])
+            for i in range(len(keys))]
 
 
 def fake_pairs(num_prompts: int, positions: int, vocab: int, seed: int) -> list[PromptLogits]:
@@ -218,37 +234,62 @@ def probs_at(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.to(torch.float64) / temperature, dim=-1)
 
 
+def measure_position(p: torch.Tensor, q: torch.Tensor, ns: list[int], methods: list[str], num_samples: int,
+                     generator: torch.Generator) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """At one position: α* per "n|scheme", and [estimate, variance] per "n|method" (n up to q's support)."""
+    support = int((q > 0).sum())
+    alpha: dict[str, float] = {}
+    est: dict[str, list[float]] = {}
+    for n in ns:
+        if n > support:
+            continue
+        for scheme in SCHEMES:
+            alpha[f"{n}|{scheme}"] = optimal_acceptance(p, q, n, scheme)
+        for method in methods:
+            if method == "spechub" and n != 2:
+                continue
+            e = expected_acceptance(p, q, n, METHOD_SCHEMES[method][0], method, num_samples=num_samples,
+                                    generator=generator)
+            est[f"{n}|{method}"] = [e.value, e.stderr ** 2]
+    return alpha, est
+
+
 def measure(pairs: list[tuple[torch.Tensor, torch.Tensor]], ns: list[int], temperatures: list[float],
-            methods: list[str], num_samples: int = 1024, seed: int = 0, progress: bool = True) -> list[dict]:
-    """Mean α* per scheme and mean expected acceptance per verifier, for every (T, n).
+            methods: list[str], num_samples: int = 1024, seed: int = 0, progress: bool = True,
+            journal: MeasureJournal | None = None) -> list[dict]:
+    """Mean α* per scheme and mean expected acceptance per verifier, for every (T, n). Position j at
+    temperature index t draws its Monte Carlo samples from its own generator (seeded by seed, t, j),
+    so a run resumed from `journal` (positions already measured are read back, new ones appended)
+    gives the same rows as an uninterrupted one.
 
     Returns rows {temperature, n, method, scheme, acceptance, stderr, alpha_star, gap, gap_pct,
     positions}; method "alpha*" rows carry the bound alone."""
     from tqdm import tqdm
 
-    gen = torch.Generator().manual_seed(seed)
     sums: dict[tuple, list[float]] = {}
     total = len(pairs) * len(temperatures)
-    bar = tqdm(total=total, desc="measure", unit="pos", file=sys.stderr, disable=not progress)
-    for temperature in temperatures:
-        for t_logits, d_logits in pairs:
-            p, q = probs_at(t_logits, temperature), probs_at(d_logits, temperature)
-            support = int((q > 0).sum())
-            for n in ns:
-                if n > support:
-                    continue
-                for scheme in SCHEMES:
-                    a = optimal_acceptance(p, q, n, scheme)
-                    sums.setdefault((temperature, n, "alpha*", scheme), []).append(a)
-                for method in methods:
-                    if method == "spechub" and n != 2:
-                        continue
-                    scheme = METHOD_SCHEMES[method][0]
-                    est = expected_acceptance(p, q, n, scheme, method, num_samples=num_samples, generator=gen)
-                    acc = sums.setdefault((temperature, n, method, scheme), [])
-                    acc.append(est.value)
-                    sums.setdefault((temperature, n, method, scheme, "var"), []).append(est.stderr ** 2)
-            bar.update(1)
+    done = journal.done if journal is not None else {}
+    bar = tqdm(total=total, initial=len(done), desc="measure", unit="pos", file=sys.stderr, disable=not progress)
+    for t, temperature in enumerate(temperatures):
+        for j, (t_logits, d_logits) in enumerate(pairs):
+            entry = done.get((t, j))
+            if entry is None:
+                gen = torch.Generator().manual_seed((seed * 1_000_003 + t) * 1_000_003 + j)
+                alpha, est = measure_position(probs_at(t_logits, temperature), probs_at(d_logits, temperature),
+                                              ns, methods, num_samples, gen)
+                if journal is not None:
+                    journal.add(t, j, alpha, est)
+                bar.update(1)
+            else:
+                alpha, est = entry["alpha"], entry["est"]
+            for key, a in alpha.items():
+                n, scheme = key.split("|")
+                sums.setdefault((temperature, int(n), "alpha*", scheme), []).append(a)
+            for key, (value, var) in est.items():
+                n, method = key.split("|")
+                scheme = METHOD_SCHEMES[method][0]
+                sums.setdefault((temperature, int(n), method, scheme), []).append(value)
+                sums.setdefault((temperature, int(n), method, scheme, "var"), []).append(var)
     bar.close()
     rows = []
     for key, values in sums.items():
@@ -343,21 +384,26 @@ def run(args) -> int:
     t1 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, args.threads))
+    settings = {k: getattr(args, k) for k in ("source", "data_dir", "target", "draft", "dtype", "num_prompts", "positions",
+                                              "cache_dtype", "fake_vocab", "ns", "temperatures", "num_samples", "seed")}
+    journal = MeasureJournal(out_dir / "measure.jsonl", settings_key({**settings, "methods": methods,
+                                                                       "num_positions": len(pairs)}))
     try:
-        rows = measure(pairs, args.ns, args.temperatures, methods, args.num_samples, args.seed)
+        rows = measure(pairs, args.ns, args.temperatures, methods, args.num_samples, args.seed, journal=journal)
     finally:
+        journal.close()
         torch.set_num_threads(threads)
     t2 = time.perf_counter()
     table = format_table(rows)
     print(table)
-    (out_dir / "bound.md").write_text(table + "\n")
+    write_text_atomic(out_dir / "bound.md", table + "\n")
     meta = {"target": args.target, "draft": args.draft, "source": args.source, "num_prompts": len(prompts),
             "positions": len(pairs), "ns": args.ns, "temperatures": args.temperatures, "methods": methods,
             "num_samples": args.num_samples, "seed": args.seed, "cache_dtype": args.cache_dtype,
             "collect_s": round(t1 - t0, 2), "measure_s": round(t2 - t1, 2),
             "exactness": "alpha* exact (without: quadrature, |err| ~1e-9); rrs, k-seq, spechub, greedy exact "
                          "closed forms; rrs-without Monte Carlo (stderr_mc)"}
-    (out_dir / "bound.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_text_atomic(out_dir / "bound.json", json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, out_dir / "bound.png")
     print(f"\n{len(pairs)} positions; wrote {out_dir / 'bound.md'}, bound.json, bound.png "
           f"(collect {t1 - t0:.1f}s, measure {t2 - t1:.1f}s)", file=sys.stderr)
