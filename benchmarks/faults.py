@@ -1,4 +1,5 @@
-"""SIGKILL fault injection for `adafuse eval`, `adafuse tune` and `adafuse bound` (no models).
+"""SIGKILL fault injection for `adafuse eval`, `adafuse tune`, `adafuse bound` and `adafuse rlid train`
+(no real models: fakes, synthetic logits, a tiny random LM saved to a folder).
 
 Each command runs as a real CLI subprocess (`python -c` registering the model-free fakes of
 `eval.testing`). It is killed K times in a row, each after a random delay (seeded), then rerun until
@@ -18,6 +19,7 @@ it completes; the result is compared with an uninterrupted run in another folder
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -78,7 +80,9 @@ def _start(sc: Scenario, out: Path, log: Path, cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-RECORD_FILES = ("predictions.jsonl", "measure.jsonl")  # eval/tune predictions; bound's measured positions
+# eval/tune predictions; bound's measured positions; RL training's log (one line per step)
+RECORD_FILES = ("predictions.jsonl", "measure.jsonl", "log.jsonl")
+RL_TIME_FIELDS = ("wall_s", "rollout_s", "update_s", "decisions_per_s")  # rlid.train_loop.TIME_FIELDS
 
 
 def raw_records(path: Path) -> list[dict]:
@@ -94,7 +98,10 @@ def raw_records(path: Path) -> list[dict]:
             rec = {"id": None, "output": None}  # a bad line: counts as a foreign record
         if "settings" in rec:
             continue
-        if "id" not in rec:
+        if "step" in rec and "id" not in rec:  # an RL training step: its log line without timings
+            rec = {"id": rec["step"], "output": json.dumps({k: v for k, v in rec.items() if k not in RL_TIME_FIELDS},
+                                                           sort_keys=True)}
+        elif "id" not in rec:
             rec = {"id": (rec.get("t"), rec.get("j")), "output": json.dumps([rec.get("alpha"), rec.get("est")])}
         records.append(rec)
     return records
@@ -130,9 +137,24 @@ def metrics_of(out: Path) -> dict[str, Any]:
         found[str(p.relative_to(out))] = _strip(json.loads(p.read_text()))
     for p in sorted(out.rglob("bound.json")):
         found[str(p.relative_to(out))] = _strip(json.loads(p.read_text()))
+    for p in sorted(out.rglob("latest.json")):  # RL training: the newest checkpoint
+        found[str(p.relative_to(out))] = checkpoint_of(p.parent / json.loads(p.read_text())["path"])
     for p in sorted(out.glob("tuned*.yaml")):
         found[p.name] = p.read_text().replace(str(out), "OUT")  # the comment and output_path name the folder
     return found
+
+
+def checkpoint_of(folder: Path) -> dict[str, Any]:
+    """What an RL checkpoint's run continues from: the adapter weights and the optimizer state (bytes)
+    and the run's own generator (the one its sampling draws from). Left out: the adapter config (peft
+    lists target modules in set order, which varies between processes), torch's and Python's global
+    generators (the run draws from neither) and the wall-time counters."""
+    import torch
+
+    rng = torch.load(folder / "rng.pt", weights_only=False)
+    return {"adapter": hashlib.sha256((folder / "adapter" / "adapter_model.safetensors").read_bytes()).hexdigest(),
+            "optimizer": hashlib.sha256((folder / "optimizer.pt").read_bytes()).hexdigest(),
+            "generator": hashlib.sha256(rng["generator"].numpy().tobytes()).hexdigest()}
 
 
 def _lines(path: Path) -> int:
@@ -265,6 +287,38 @@ def bound_scenario() -> Scenario:
                                  "--num_samples", "128", "--output_dir", str(out)])
 
 
+# RL training: each step is logged when it starts (as the fakes log each prompt)
+RLID_LOG = ("from rlid import train_loop as _t; _s = _t.TrainerBase.train_step; "
+            "_t.TrainerBase.train_step = lambda self: (open({log!r}, 'a').write('x\\n'), _s(self))[1]")
+
+
+def rlid_scenario(root: Path) -> Scenario:
+    """Decision-plane RL training of a tiny random model saved to a folder (ARC-1D, 10 steps of
+    2 seeds x 2 rollouts, a checkpoint after every step)."""
+    import yaml
+
+    from runtime.testing import char_tokenizer, tiny_model
+
+    folder = root / "tiny_lm"
+    tok = char_tokenizer()
+    model = tiny_model("llama", vocab_size=len(tok), hidden=32, layers=1)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+    def argv(out: Path) -> list[str]:
+        cfg = {"output_path": str(out), "model": str(folder), "seed": 0, "env": {"name": "arc_1d"},
+               "train": {"seeds": {"start": 0, "count": 8}, "seeds_per_step": 2, "group_size": 2, "max_steps": 10,
+                         "checkpoint_every": 1, "lr": 1e-3, "lora": {"r": 2, "alpha": 4}},
+               "eval": {"seeds": {"start": 1000, "count": 4}}}
+        path = out.parent / f"{out.name}.rlid.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return ["rlid", "train", str(path), "--plane", "decision", "--no_progress"]
+
+    return Scenario("rlid", "adafuse rlid train --plane decision (tiny LM folder, ARC-1D, 10 steps, checkpoint each step)",
+                    lambda log: RLID_LOG.format(log=log), argv)
+
+
 def table(outcomes: list[Outcome]) -> str:
     """The markdown fault table."""
     lines = ["| fault | command | times injected | records on disk at each kill | rows lost | rows redone (in flight, bound) | duplicates "
@@ -289,7 +343,7 @@ def run_all(kills: dict[str, int], seed: int, root: Path) -> list[Outcome]:
     rng = random.Random(seed)
     small, dev = make_data(root / "data", n=16), make_data(root / "data_dev", n=2100)
     makers = {"eval": lambda: eval_scenario(root, small), "tune": lambda: tune_scenario(root, dev),
-              "bound": bound_scenario}
+              "bound": bound_scenario, "rlid": lambda: rlid_scenario(root)}
     return [run_scenario(makers[name](), root, k, rng) for name, k in kills.items()]
 
 
@@ -297,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=5, help="SIGKILLs in a row per command")
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill delays")
-    ap.add_argument("--commands", default="eval,tune,bound", help="comma-separated subset of eval,tune,bound")
+    ap.add_argument("--commands", default="eval,tune,bound,rlid", help="comma-separated subset of eval,tune,bound,rlid")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="faults_") as tmp:

@@ -55,7 +55,7 @@ def _member(cfg: RlidConfig, name: str | None = None, adapter: Path | None = Non
     member = load_member(name or cfg.model, dtype=cfg.dtype, pack_weights=False if (trainable or adapter) else None)
     lora = None
     if trainable or adapter:
-        lora = add_lora(member, LoraSpec(**(cfg.train.get("lora") or {})))
+        lora = add_lora(member, LoraSpec(**(cfg.train.get("lora") or {})), seed=cfg.seed)
         if adapter:
             lora.load(adapter)
     return member, lora

@@ -113,9 +113,11 @@ class LoraAdapter:
         self.weights_changed()
 
 
-def add_lora(member, spec: LoraSpec | None = None) -> LoraAdapter:
+def add_lora(member, spec: LoraSpec | None = None, seed: int = 0) -> LoraAdapter:
     """Inject LoRA layers into `member.model` (in place) and return the adapter; the model's other
-    weights are frozen. A fresh adapter leaves the outputs unchanged (peft initialises B = 0)."""
+    weights are frozen. A fresh adapter leaves the outputs unchanged (peft initialises B = 0); its A
+    matrices are drawn from torch's generator seeded with `seed` (the global generator's state is
+    restored after), so the same seed gives the same adapter in every process."""
     from peft import LoraConfig, get_peft_model
 
     spec = spec or LoraSpec()
@@ -127,7 +129,9 @@ def add_lora(member, spec: LoraSpec | None = None) -> LoraAdapter:
                           f"choose among {sorted(_linear_names(model))}")
     config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets,
                         bias="none")
-    peft_model = get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, config)
     if peft_model.get_base_model() is not model:  # peft's contract: layers are injected into `model`
         raise RuntimeError("peft did not adapt the member's model in place")
     adapter = LoraAdapter(peft_model, member, spec)

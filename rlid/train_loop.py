@@ -190,7 +190,7 @@ class TrainerBase:
     def __init__(self, member, make_env: Callable[[], Environment], config: TrainConfig,
                  adapter: LoraAdapter | None = None):
         self.member, self.make_env, self.config = member, make_env, config
-        self.adapter = adapter if adapter is not None else add_lora(member, config.lora)
+        self.adapter = adapter if adapter is not None else add_lora(member, config.lora, seed=config.seed)
         self.optimizer = torch.optim.AdamW(self.adapter.parameters(), lr=config.lr,
                                            weight_decay=config.weight_decay)
         self.generator = torch.Generator().manual_seed(config.seed)

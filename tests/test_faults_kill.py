@@ -1,6 +1,6 @@
 """SIGKILL several times in a row (benchmarks/faults.py, small): `adafuse eval` (T = 0 and a seeded
-T > 0 task), `adafuse tune` and `adafuse bound` (its measured positions) resume to the uninterrupted result with nothing lost but the batch in
-flight; the judge itself catches a lost or duplicated record; the fake's seeded sampling mode."""
+T > 0 task), `adafuse tune`, `adafuse bound` (its measured positions) and `adafuse rlid train` (a
+tiny LM) resume to the uninterrupted result with nothing lost but the batch in flight; the judge itself catches a lost or duplicated record; the fake's seeded sampling mode."""
 from __future__ import annotations
 
 import json
@@ -19,13 +19,13 @@ from eval.testing import FakeGenerator  # noqa: E402
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[faults.Outcome]]:
     root = tmp_path_factory.mktemp("faults")
-    return root, faults.run_all({"eval": 3, "tune": 2, "bound": 2}, seed=0, root=root)
+    return root, faults.run_all({"eval": 3, "tune": 2, "bound": 2, "rlid": 2}, seed=0, root=root)
 
 
 def test_killed_runs_resume_to_the_uninterrupted_result(killed) -> None:
     root, outcomes = killed
     table = faults.table(outcomes)
-    assert table.count("\n| SIGKILL") == 3, table
+    assert table.count("\n| SIGKILL") == 4, table
     for o in outcomes:
         assert o.kills >= 1 and not o.notes, table
         assert o.lost == 0 and o.duplicates == 0 and o.outputs_equal and o.metrics_equal, table

@@ -319,11 +319,26 @@ def decision_state_of(seed: int) -> DecisionState:
     return DecisionState(env.observation(), tuple(env.menu()), "", env.instruction)
 
 
+def test_a_fresh_adapter_depends_on_its_seed_not_on_the_global_generator():
+    # a run is a function of its config: two processes (different global RNG states) that add an
+    # adapter with the same seed get the same A matrices, and the global generator is left as it was
+    members = [tiny_member("llama", seed=0) for _ in range(3)]
+    torch.manual_seed(1)
+    a = adapter_state(add_lora(members[0], LoraSpec(r=2), seed=5))
+    torch.manual_seed(2)
+    before = torch.random.get_rng_state()
+    b = adapter_state(add_lora(members[1], LoraSpec(r=2), seed=5))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    c = adapter_state(add_lora(members[2], LoraSpec(r=2), seed=6))
+    assert all(torch.equal(x, y) for x, y in zip(a.values(), b.values()))
+    assert any(not torch.equal(x, y) for x, y in zip(a.values(), c.values()))
+
+
 def test_adapter_save_load_roundtrip(tmp_path):
     a = add_lora(tiny_member("llama", seed=0), LoraSpec(r=2))
     with torch.no_grad():
         for p in a.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+            p.add_(0.05 * torch.randn_like(p))  # (b below starts as a fresh a did: same seed)
     a.save(tmp_path / "adapter")
     b = add_lora(tiny_member("llama", seed=0), LoraSpec(r=2))
     assert any(not torch.equal(x, y) for x, y in zip(adapter_state(a).values(), adapter_state(b).values()))
