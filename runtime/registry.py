@@ -156,6 +156,43 @@ def list_models() -> list[ModelStatus]:
     return out
 
 
+def safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file cannot be whole (None: its header parses and its size is what the
+    header says). Reads the header only: O(1) in the file size."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if not 0 < n <= size - 8:
+                return f"header length {n} does not fit in {size} bytes"
+            header = json.loads(fh.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        return f"unreadable header ({type(exc).__name__})"
+    if size != 8 + n + end:
+        return f"truncated: {size} bytes, the header says {8 + n + end}"
+    return None
+
+
+def check_cache(name: str, folder: Path) -> None:
+    """One-line `AdafuseError` unless `folder` is `name`'s own converted cache (its marker names it)
+    with whole safetensors files; the fix is a forced re-fetch."""
+    fix = f"run: adafuse models fetch {name} --force"
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        raise AdafuseError(f"model cache {folder} has an unreadable {MARKER}; {fix}") from None
+    if marker.get("name") != name:
+        raise AdafuseError(f"model cache {folder} holds '{marker.get('name')}', not '{name}'; {fix}")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise AdafuseError(f"model cache {folder} has no weights (*.safetensors); {fix}")
+    for f in files:
+        why = safetensors_problem(f)
+        if why:
+            raise AdafuseError(f"model cache file {f} is damaged ({why}); {fix}")
+
+
 def resolve(name_or_path: str) -> tuple[str, Path | str]:
     """Map a registry name / local folder / hub id to (display name, what `from_pretrained` takes).
 
@@ -168,11 +205,15 @@ def resolve(name_or_path: str) -> tuple[str, Path | str]:
             raise ModelNotFetchedError(
                 f"model '{name_or_path}' is not fetched yet; run: adafuse models fetch {name_or_path}"
             )
+        check_cache(name_or_path, folder)
         return name_or_path, folder
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ConfigError(f"folder '{path}' has no config.json; pass a save_pretrained folder or a registry name")
+        bad = next((f"{f}: {why}" for f in sorted(path.glob("*.safetensors")) if (why := safetensors_problem(f))), None)
+        if bad:
+            raise AdafuseError(f"model folder '{path}' is damaged ({bad}); save the model again")
         return path.name, path
     if "/" in name_or_path and not name_or_path.startswith((".", "/", "~")):
         return name_or_path.split("/")[-1], name_or_path

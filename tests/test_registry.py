@@ -64,3 +64,48 @@ def test_cli_one_line_errors(tmp_path):
     res = subprocess.run([sys.executable, "-m", "eval.cli", "models", "list"], capture_output=True, text=True,
                          env={**env, "PYTHONPATH": ":".join(sys.path)})
     assert res.returncode == 0 and "qwen2.5-coder-1.5b" in res.stdout and " no " in res.stdout
+
+
+def _fake_cache(root, name="gemma3-270m", marker_name=None):
+    """A converted cache for registry model `name` holding a tiny model (its marker names `marker_name`)."""
+    import json
+
+    folder = registry.model_dir(name)
+    model, tok = tiny_model("llama", vocab_size=len(char_tokenizer())), char_tokenizer()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / registry.MARKER).write_text(json.dumps({"name": marker_name or name}))
+    return folder
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("truncate", "is damaged (truncated:"),
+    ("header", "is damaged (header length"),
+    ("foreign", "holds 'smollm2-135m', not 'gemma3-270m'"),
+    ("no-weights", "has no weights"),
+])
+def test_a_damaged_or_foreign_model_cache_is_refused_naming_the_fix(tmp_path, monkeypatch, damage, needle):
+    monkeypatch.setenv("ADAFUSE_CACHE", str(tmp_path))
+    folder = _fake_cache(tmp_path, marker_name="smollm2-135m" if damage == "foreign" else None)
+    weights = next(folder.glob("*.safetensors"))
+    if damage == "truncate":  # a disk that filled, a copy cut short
+        weights.write_bytes(weights.read_bytes()[:-100])
+    elif damage == "header":
+        weights.write_bytes(b"\xff" * 64)
+    elif damage == "no-weights":
+        weights.unlink()
+    with pytest.raises(registry.AdafuseError) as exc:
+        load_member("gemma3-270m")
+    msg = str(exc.value)
+    assert needle in msg and "adafuse models fetch gemma3-270m --force" in msg and "\n" not in msg
+
+
+def test_a_whole_cache_and_a_damaged_local_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAFUSE_CACHE", str(tmp_path))
+    folder = _fake_cache(tmp_path)
+    assert registry.resolve("gemma3-270m") == ("gemma3-270m", folder)
+    assert load_member("gemma3-270m").vocab_size == len(char_tokenizer())
+    weights = next(folder.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(registry.AdafuseError, match=r"model folder '.*' is damaged \(.*truncated"):
+        registry.resolve(str(folder))
