@@ -26,6 +26,7 @@ from eval.config import EvalConfig, RunSpec, TaskSpec
 from eval.data import Doc, resolve_data_dir
 from eval.folder_lock import hold, hold_all
 from eval.predictions import PREDICTIONS, read_predictions
+from eval.batch_fit import batch_parts, generate_in_parts
 from eval.methods import Generator, build_generator
 
 __all__ = ["METRICS", "PREDICTIONS", "SETUP", "evaluate", "read_predictions", "run_task", "summarize"]
@@ -178,8 +179,11 @@ def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], p
             batch = todo[start: start + batch_size]
             prompts = [task.prompt(d, shots) for d in batch]
             t0 = time.perf_counter()
-            outputs = generator.generate(prompts, max_new_tokens=spec.max_new_tokens, stop=list(task.until),
-                                         temperature=spec.temperature, seed=seed + int(batch[0]["id"]))
+            parts = batch_parts(generator, prompts, spec.max_new_tokens) if len(prompts) > 1 else None
+            outputs = generate_in_parts(
+                generator, prompts, seed + int(batch[0]["id"]), parts=parts,
+                generate=lambda ps, s: generator.generate(ps, max_new_tokens=spec.max_new_tokens, stop=list(task.until),
+                                                          temperature=spec.temperature, seed=s))
             wall = time.perf_counter() - t0
             if len(outputs) != len(batch):
                 raise RuntimeError(f"{run.method} returned {len(outputs)} outputs for {len(batch)} prompts")
