@@ -44,26 +44,33 @@ def test_fake_source_report(tmp_path, capsys):
             assert value >= bounds[(temp, n, "with")] - 1e-9
 
 
-def test_collect_with_tiny_members_uses_cache(tmp_path, monkeypatch):
+def tiny_models(tmp_path, monkeypatch) -> tuple[str, list[str]]:
+    """A data folder with one prompt per dataset, and `load_member` faked by tiny members "T" (target)
+    and "D" (draft) sharing a BPE; returns (data folder, the names loaded, in order)."""
     from runtime import member as member_mod
+    from runtime.loader import default_loader
     from runtime.testing import bpe_tokenizer, tiny_member
 
+    default_loader().clear()
     data = tmp_path / "data"
-    (data / "gsm8k").mkdir(parents=True)
-    (data / "nq_open").mkdir()
-    (data / "wmt22").mkdir()
+    for sub in ("gsm8k", "nq_open", "wmt22"):
+        (data / sub).mkdir(parents=True)
     (data / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "What is 2 + 3?", "answer": "#### 5"}) + "\n")
     (data / "nq_open" / "dev.jsonl").write_text(json.dumps({"question": "who wrote the origin of species", "answer": ["Darwin"]}) + "\n")
     (data / "wmt22" / "de-en.src").write_text("Guten Morgen.\n")
-    tok = bpe_tokenizer(300)
-    loads = []
+    tok, loads = bpe_tokenizer(300), []
 
     def fake_load(name, dtype="float32", **kw):
         loads.append(name)
         return tiny_member("qwen2", tok, seed=0 if name == "T" else 1, name=name)
 
     monkeypatch.setattr(member_mod, "load_member", fake_load)
-    args = _args(tmp_path, target="T", draft="D", num_prompts=3, positions=4, data_dir=str(data), ns=[2],
+    return str(data), loads
+
+
+def test_collect_with_tiny_members_uses_cache(tmp_path, monkeypatch):
+    data, loads = tiny_models(tmp_path, monkeypatch)
+    args = _args(tmp_path, target="T", draft="D", num_prompts=3, positions=4, data_dir=data, ns=[2],
                  temperatures=[1.0], num_samples=128, cache_dtype="float32")
     assert bound_cli.run(args) == 0
     assert loads == ["T", "D"]
@@ -144,25 +151,10 @@ def test_bound_rerun_after_a_kill_reports_the_same(tmp_path, monkeypatch):
 
 
 def test_unreadable_or_half_cache_files_are_recomputed_not_used(tmp_path, monkeypatch, capsys):
-    from runtime import member as member_mod
     from runtime.loader import default_loader
-    from runtime.testing import bpe_tokenizer, tiny_member
 
-    default_loader().clear()
-    data = tmp_path / "data"
-    for sub in ("gsm8k", "nq_open", "wmt22"):
-        (data / sub).mkdir(parents=True)
-    (data / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "What is 2 + 3?", "answer": "#### 5"}) + "\n")
-    (data / "nq_open" / "dev.jsonl").write_text(json.dumps({"question": "who wrote it", "answer": ["Darwin"]}) + "\n")
-    (data / "wmt22" / "de-en.src").write_text("Guten Morgen.\n")
-    tok, loads = bpe_tokenizer(300), []
-
-    def fake_load(name, dtype="float32", **kw):
-        loads.append(name)
-        return tiny_member("qwen2", tok, seed=0 if name == "T" else 1, name=name)
-
-    monkeypatch.setattr(member_mod, "load_member", fake_load)
-    args = _args(tmp_path, target="T", draft="D", num_prompts=3, positions=4, data_dir=str(data), ns=[2],
+    data, loads = tiny_models(tmp_path, monkeypatch)
+    args = _args(tmp_path, target="T", draft="D", num_prompts=3, positions=4, data_dir=data, ns=[2],
                  temperatures=[1.0], num_samples=32, cache_dtype="float32")
     assert bound_cli.run(args) == 0
     whole = json.loads((tmp_path / "out" / "bound.json").read_text())["rows"]
