@@ -138,6 +138,7 @@ class Ensemble:
         if drafters is not None and len(drafters) != len(members):
             raise ConfigError(f"drafters must list one entry (or None) per member: {len(members)} members, "
                               f"{len(drafters)} drafters")
+        check_member_drafting(member_drafting, len(members), lead, (drafters or [None] * len(members))[lead])
         places = check_devices(list(devices) if devices is not None else None, len(members)) or ["cpu"] * len(members)
         on_cpu = [p == "cpu" for p in places]  # RAM: what loads on the CPU, all together, before the first load
         default_loader().check_fit(model_specs([m for m, c in zip(members, on_cpu) if c],

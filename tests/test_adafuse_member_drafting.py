@@ -86,3 +86,8 @@ def test_bad_member_drafting_is_one_line(trio, value, lead_drafter, needle):
 def test_member_drafting_needs_two_members(trio):
     with pytest.raises(ConfigError, match="at least two members"):
         drafting_member("cheapest", list(trio)[:1], 0, None)
+
+
+def test_a_bad_member_drafting_fails_before_any_model_loads():
+    with pytest.raises(ConfigError, match="other than the lead"):
+        Ensemble(["no-such-model-a", "no-such-model-b"], member_drafting=0)   # names unchecked: nothing loaded
