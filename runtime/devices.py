@@ -3,14 +3,20 @@
 Specs: "cpu", "cuda" / "cuda:N", "mps", or "auto" (transformers' `device_map="auto"`: the model is
 split over the visible accelerators, then CPU, for a member too big for one device). An unknown
 spec, or a device this machine does not have, is a one-line `ConfigError` naming what there is.
+`run_by_device` runs per-member work concurrently where members sit on different devices.
 """
 from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
 from runtime.errors import ConfigError
 
 AUTO = "auto"
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def available() -> list[str]:
@@ -54,3 +60,44 @@ def check_devices(devices: list | None, num_members: int) -> list[str] | None:
     if not isinstance(devices, (list, tuple)) or len(devices) != num_members:
         raise ConfigError(f"devices must list one device per member: {num_members} members, got {devices!r}")
     return [check_device(d) for d in devices]
+
+
+def device_key(member: Any) -> str:
+    """The device a member's forwards run on ("cpu", "cuda:1", ...), as `run_by_device` groups them."""
+    try:
+        return str(member.device)
+    except (AttributeError, StopIteration):
+        return "cpu"
+
+
+def run_by_device(items: Sequence[T], device_of: Callable[[T], str], fn: Callable[[T], R]) -> list[R]:
+    """`[fn(item) for item in items]`, results in item order. Items on one device run one after
+    another, in order; groups on different devices run concurrently, one thread per group (torch
+    releases the GIL in its kernels, and different GPUs work in parallel), so an ensemble step costs
+    about its slowest device's share rather than the sum. A single group (every member on the CPU,
+    whose cores intra-op threads already share: `benchmarks/member_concurrency.py`) runs inline.
+    The first exception, in item order, is raised once every group has stopped."""
+    groups: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(device_of(item), []).append(i)
+    if len(groups) <= 1:
+        return [fn(item) for item in items]
+    results: list[Any] = [None] * len(items)
+    errors: dict[int, BaseException] = {}
+
+    def work(indices: list[int]) -> None:
+        for i in indices:
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+                errors[i] = exc
+                return
+
+    threads = [threading.Thread(target=work, args=(ix,), name=f"member-device-{dev}") for dev, ix in groups.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[min(errors)]
+    return results

@@ -78,3 +78,72 @@ def test_each_member_is_loaded_on_its_device(two_gpus, monkeypatch: pytest.Monke
     with pytest.raises(ConfigError, match="'cuda:3' is not here"):
         check_run("single", ["smollm2-135m"], {"device": "cuda:3"})
     assert len(calls) == 3
+
+
+# ---- members on different devices run at once (runtime.devices.run_by_device) ------------------------
+def test_run_by_device_keeps_order_and_runs_groups_in_threads():
+    import threading
+    import time
+
+    from runtime.devices import run_by_device
+
+    seen = []
+
+    def fn(item):
+        seen.append((item, threading.current_thread().name))
+        time.sleep(0.05)
+        return item * 10
+
+    items = [0, 1, 2, 3]
+    assert run_by_device(items, lambda i: "cpu", fn) == [0, 10, 20, 30]
+    assert {name for _, name in seen} == {threading.current_thread().name}   # one device: inline
+    seen.clear()
+    t0 = time.perf_counter()
+    assert run_by_device(items, lambda i: f"cuda:{i % 2}", fn) == [0, 10, 20, 30]
+    assert time.perf_counter() - t0 < 0.19                                  # two groups of two at once
+    names = {item: name for item, name in seen}
+    assert names[0] == names[2] != names[1] == names[3]                     # a thread per device
+    assert [i for i, _ in seen if i % 2 == 0] == [0, 2]                     # in order within a device
+
+
+def test_run_by_device_raises_the_first_error():
+    from runtime.devices import run_by_device
+
+    def fn(item):
+        if item in (1, 2):
+            raise ValueError(f"bad {item}")
+        return item
+
+    with pytest.raises(ValueError, match="bad 1"):
+        run_by_device([0, 1, 2, 3], lambda i: f"cuda:{i % 2}", fn)
+
+
+def test_ensemble_outputs_are_the_same_with_members_running_at_once(monkeypatch):
+    # on this CPU every member is on "cpu" (one group, inline); pretend each is on its own device so
+    # the flush and scoring forwards of an ensembled word run in one thread per member
+    from adafuse.ensemble import Ensemble
+    from adafuse.methods.word_level import ensembled_word
+    from runtime.testing import bpe_tokenizer, char_tokenizer
+    from test_adafuse_helpers import spacey_member
+
+    members = [spacey_member("llama", char_tokenizer(), 0, "char-llama", 3.0),
+               spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0),
+               spacey_member("llama", bpe_tokenizer(), 4, "bpe-llama", 3.0)]
+    prompts = ["Question: what is 16*16?\nAnswer:", "The quick brown fox"]
+    kw = dict(max_new_tokens=14)
+    plain = Ensemble(members, lead=1, threshold=0.3, max_word_tokens=6).generate(prompts, **kw)
+    groups = []
+    real = ensembled_word.run_by_device
+
+    def spy(items, device_of, fn):
+        groups.append(len({device_of(i) for i in items}))
+        return real(items, device_of, fn)
+
+    monkeypatch.setattr(ensembled_word, "device_key", lambda member: member.name)
+    monkeypatch.setattr(ensembled_word, "run_by_device", spy)
+    apart = Ensemble(members, lead=1, threshold=0.3, max_word_tokens=6).generate(prompts, **kw)
+    assert max(groups) == 3
+    for x, y in zip(plain, apart):
+        assert x.text == y.text
+        assert [(r.kind, r.units, r.gate) for r in x.trace] == [(r.kind, r.units, r.gate) for r in y.trace]
+        assert x.cost.forward_passes == y.cost.forward_passes

@@ -31,6 +31,7 @@ from adafuse.methods.word_level.trees import (Branches, OpenTree, TreeBuilder, c
                                               top_firsts, trie_path)
 from adafuse.gate import top2_margin
 from adafuse.scoring import choose, fuse_scores, normalised_score
+from runtime.devices import device_key, run_by_device
 from runtime.member import Member
 
 
@@ -77,9 +78,9 @@ class EnsembledWord:
             lead_branches: dict[int, Branches] | None = None) -> None:
         """Ensemble one word for `rows` (`gates`: row -> (gate margin, decision) for the trace);
         `lead_branches`: the lead's candidate branches already advanced (`LeadDecoder.take_branches`)."""
-        for m in range(len(self.members)):
-            if not self._guesses_with_flush(m):  # (those flush in `propose`)
-                self.batch.flush(m, rows)
+        # (members that flush with guesses do so in `propose`); members on different devices at once
+        run_by_device([m for m in range(len(self.members)) if not self._guesses_with_flush(m)], self._device,
+                      lambda m: self.batch.flush(m, rows))
         proposal = self.propose(rows, lead_branches)
         scored = self.score(proposal)
         picks = self.fuse(scored)
@@ -201,46 +202,54 @@ class EnsembledWord:
         nodes). The lead's tree is always extended (its next gate needs the logits after the chosen
         word); it usually holds every candidate already. The tree stays open so that `commit` can
         keep the chosen branch without another forward (any other state operation discards it)."""
-        rows, cands = proposal.rows, proposal.cands
-        logprobs, all_paths, trees = [], [], []
-        for m, view in enumerate(self.batch.views):
-            state = view.state
-            ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
-            tree = proposal.open_trees.get(m)
-            if tree is None or not tree.is_open_in(state):
-                tree = OpenTree(TreeBuilder(len(self.batch.texts)), {}, None)
-            fed = tree.fed
-            for (b, _), t in ids.items():  # candidates sharing a prefix share its nodes
-                tree.built.add(b, t)
-            paths = {key: trie_path(tree.built.trie[key[0]], t) for key, t in ids.items()}
-            if any(n < fed[key[0]] and (key[0], n) not in tree.logits for key, p in paths.items() for n in p):
-                tree = OpenTree(tree.built, {}, None)  # re-feed all (not needed for `complete_words` trees)
-            unfed = any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed))
-            scorable = all((key[0], n) in tree.logits for key, p in paths.items() for n in p[:-1])
-            if unfed and (m == self.lead or not scorable):
-                tree.grow(state)
-            node_logits = tree.logits
-            last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
-            eos_ids = sorted(view.member.eos_token_ids)
-            per_row: dict[int, list[torch.Tensor]] = {}
-            for b in rows:
-                row = []
-                for j, c in enumerate(cands[b]):
-                    if c.eos:
-                        row.append(torch.logsumexp(last_lp[b, eos_ids], dim=0)[None].cpu() if eos_ids
-                                   else torch.tensor([-1e4]))
-                        continue
-                    path = paths[(b, j)]
-                    tok = torch.tensor(ids[(b, j)], device=last_lp.device)
-                    inner = [node_logits[(b, n)] for n in path[:-1]]
-                    prev = torch.cat([last_lp[b: b + 1]] + ([torch.log_softmax(torch.stack(inner), dim=-1)] if inner else []),
-                                     dim=0)
-                    row.append(prev.gather(-1, tok[:, None]).squeeze(-1).cpu())
-                per_row[b] = row
-            all_paths.append(paths)
-            trees.append(tree)
-            logprobs.append(per_row)
+        per_member = run_by_device(list(range(len(self.members))), self._device,
+                                   lambda m: self._score_member(m, proposal))
+        logprobs, all_paths, trees = (list(x) for x in zip(*per_member))
         return Scored(proposal, logprobs, all_paths, trees)
+
+    def _device(self, m: int) -> str:
+        """Member m's device (`runtime.devices.run_by_device` runs members on different devices at once)."""
+        return device_key(self.members[m])
+
+    def _score_member(self, m: int, proposal: Proposal) -> tuple[dict[int, list[torch.Tensor]], dict, OpenTree]:
+        """Member m's part of `score`: (per row its candidates' token log-probs, the candidates' tree
+        paths, its open tree)."""
+        rows, cands = proposal.rows, proposal.cands
+        view = self.batch.views[m]
+        state = view.state
+        ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
+        tree = proposal.open_trees.get(m)
+        if tree is None or not tree.is_open_in(state):
+            tree = OpenTree(TreeBuilder(len(self.batch.texts)), {}, None)
+        fed = tree.fed
+        for (b, _), t in ids.items():  # candidates sharing a prefix share its nodes
+            tree.built.add(b, t)
+        paths = {key: trie_path(tree.built.trie[key[0]], t) for key, t in ids.items()}
+        if any(n < fed[key[0]] and (key[0], n) not in tree.logits for key, p in paths.items() for n in p):
+            tree = OpenTree(tree.built, {}, None)  # re-feed all (not needed for `complete_words` trees)
+        unfed = any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed))
+        scorable = all((key[0], n) in tree.logits for key, p in paths.items() for n in p[:-1])
+        if unfed and (m == self.lead or not scorable):
+            tree.grow(state)
+        node_logits = tree.logits
+        last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
+        eos_ids = sorted(view.member.eos_token_ids)
+        per_row: dict[int, list[torch.Tensor]] = {}
+        for b in rows:
+            row = []
+            for j, c in enumerate(cands[b]):
+                if c.eos:
+                    row.append(torch.logsumexp(last_lp[b, eos_ids], dim=0)[None].cpu() if eos_ids
+                               else torch.tensor([-1e4]))
+                    continue
+                path = paths[(b, j)]
+                tok = torch.tensor(ids[(b, j)], device=last_lp.device)
+                inner = [node_logits[(b, n)] for n in path[:-1]]
+                prev = torch.cat([last_lp[b: b + 1]] + ([torch.log_softmax(torch.stack(inner), dim=-1)] if inner else []),
+                                 dim=0)
+                row.append(prev.gather(-1, tok[:, None]).squeeze(-1).cpu())
+            per_row[b] = row
+        return per_row, paths, tree
 
     # ---- fuse and commit -------------------------------------------------------------------
     def fuse(self, scored: Scored) -> dict[int, int]:
