@@ -48,7 +48,8 @@ def _adapter_dir(cfg: RlidConfig, plane: str) -> Path | None:
 
 
 def _member(cfg: RlidConfig, name: str | None = None, adapter: Path | None = None, trainable: bool = False):
-    """A loaded member (plain Linear layers when it is trained or carries an adapter) and its adapter."""
+    """A loaded member and its adapter: to train, a fresh LoRA adapter on plain Linear layers; with an
+    `adapter` folder for inference, that adapter folded into the (packed) weights, returned as None."""
     from rlid.lora import LoraSpec, add_lora
     from runtime.member import load_member
 
@@ -58,6 +59,9 @@ def _member(cfg: RlidConfig, name: str | None = None, adapter: Path | None = Non
         lora = add_lora(member, LoraSpec(**(cfg.train.get("lora") or {})), seed=cfg.seed)
         if adapter:
             lora.load(adapter)
+        if not trainable:  # inference only: fold the adapter into the weights, then pack them
+            lora.merge_for_inference()
+            lora = None
     return member, lora
 
 

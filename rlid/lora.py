@@ -112,6 +112,21 @@ class LoraAdapter:
                               f"resume with the model it was trained on")
         self.weights_changed()
 
+    def merge_for_inference(self, pack: bool = True) -> nn.Module:
+        """Fold the adapter into the base weights (peft's `merge_and_unload`: W + (alpha / r) B A, the
+        LoRA layers replaced by plain Linear ones, in place) and, on CPU, pack them for speed
+        (`runtime.packed_linear`) — the unmerged adapter runs two extra matmuls per adapted layer.
+        Same outputs to float rounding; the adapter cannot be trained or saved afterwards. Returns
+        the member's model."""
+        from runtime.packed_linear import pack_linear_weights, packable_dtypes
+
+        model = self.peft_model.merge_and_unload()
+        self.member.model = model
+        if pack and next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype in packable_dtypes():
+            pack_linear_weights(model)
+        self.weights_changed()
+        return model
+
 
 def add_lora(member, spec: LoraSpec | None = None, seed: int = 0) -> LoraAdapter:
     """Inject LoRA layers into `member.model` (in place) and return the adapter; the model's other

@@ -334,6 +334,24 @@ def test_a_fresh_adapter_depends_on_its_seed_not_on_the_global_generator():
     assert any(not torch.equal(x, y) for x, y in zip(a.values(), c.values()))
 
 
+def test_a_merged_adapter_gives_the_same_logits_in_packed_weights():
+    from runtime.packed_linear import is_packed, packing_available
+
+    member = tiny_member("llama", seed=0)
+    a = add_lora(member, LoraSpec(r=2))
+    with torch.no_grad():
+        for p in a.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        before = member.model(ids).logits
+        a.merge_for_inference()
+        after = member.model(ids).logits
+    assert not any("lora" in n for n, _ in member.model.named_modules())
+    assert is_packed(member.model) == packing_available()
+    assert torch.allclose(before, after, atol=1e-5), (before - after).abs().max()
+
+
 def test_adapter_save_load_roundtrip(tmp_path):
     a = add_lora(tiny_member("llama", seed=0), LoraSpec(r=2))
     with torch.no_grad():
