@@ -142,3 +142,32 @@ def test_helpers():
     assert tok.tolist() == [[3, 4], [0, 0]] and par.tolist() == [[-1, 0], [-1, -1]]
     assert valid.tolist() == [[T, T], [F, F]]
     assert eye_pad(2, 1).tolist() == [[F, T, F], [F, F, T]]
+
+
+def test_no_mask_row_is_ever_empty_and_additive_masks_stay_finite():
+    # issue 23's numerical guard: an all-masked attention row would be a softmax over nothing (NaN);
+    # every node — padding included, with holes in the past, empty pasts, narrowed `seen`, sliding
+    # windows of 1 — attends at least to itself, and the additive mask uses the dtype's minimum, not -inf
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        B, S = rng.randint(1, 4), rng.randint(0, 6)
+        tokens, parents = [], []
+        for _b in range(B):
+            n = rng.randint(0, 5)
+            tokens.append([rng.randint(1, 50) for _ in range(n)])
+            parents.append([rng.randint(-1, i - 1) for i in range(n)])
+        if not any(tokens):
+            continue
+        past_pos = torch.tensor([[p if rng.random() < 0.7 else -1 for p in range(S)] for _b in range(B)],
+                                dtype=torch.long).reshape(B, S)
+        n_new = max(len(t) for t in tokens)
+        seen = torch.rand(B, n_new, S) < 0.3 if rng.random() < 0.5 else None
+        got = tree_inputs(tokens, parents, past_pos, [S] * B, seen=seen, sliding_window=rng.choice([None, 1, 2, 4]))
+        for kind, mask in got.masks.items():
+            assert mask.any(dim=-1).all(), kind
+        for dtype in (torch.float32, torch.bfloat16):
+            add = got.attention_mask(dtype, "cpu")
+            for m in (add.values() if isinstance(add, dict) else [add]):
+                assert torch.isfinite(m).all()
