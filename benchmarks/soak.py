@@ -17,6 +17,10 @@ a rerun resumes) and `soak.png` plots RSS, output tokens per wall minute and per
 
     OMP_NUM_THREADS=1 python benchmarks/soak.py --minutes 65 --out docs/results/soak
     python benchmarks/soak.py --plot_only --out docs/results/soak      # redraw from soak.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/soak.py --minutes 25 --trim --out docs/results/soak_trim --eval_out runs/soak_trim
+
+`--trim` calls glibc's `malloc_trim(0)` before each sample: memory that stays resident only because
+the heap is fragmented is handed back, so what still grows is held by live objects.
 """
 from __future__ import annotations
 
@@ -83,7 +87,15 @@ def _done(run_dir: Path) -> tuple[int, int]:
     return rows, tokens
 
 
-def sample_loop(out: Path, eval_dir: Path, deadline: float, every_s: float, caches, stop: threading.Event) -> None:
+def _malloc_trim() -> None:
+    """Ask glibc to hand freed heap memory back to the OS (what fragmentation keeps resident)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def sample_loop(out: Path, eval_dir: Path, deadline: float, every_s: float, caches, stop: threading.Event,
+                trim: bool = False) -> None:
     import psutil
 
     proc = psutil.Process()
@@ -91,6 +103,8 @@ def sample_loop(out: Path, eval_dir: Path, deadline: float, every_s: float, cach
     with open(out / "soak.jsonl", "a") as fh:
         while not stop.is_set():
             rows, tokens = _done(eval_dir)
+            if trim:
+                _malloc_trim()
             cpu, mem = proc.cpu_times(), proc.memory_info()
             row = {"t_s": round(time.time() - t0, 1), "rss_mib": round(mem.rss / 2**20, 1),
                    "anon_mib": round((mem.rss - mem.shared) / 2**20, 1),
@@ -124,6 +138,11 @@ def plot(out: Path) -> Path:
     axes[0].plot(minutes, [r["anon_mib"] for r in rows], color="tab:purple", label="RSS not file-backed")
     axes[0].set_ylabel("MiB")
     axes[0].legend(loc="lower right", fontsize=8)
+    chunks = axes[0].twinx()
+    chunks.plot(minutes, [r["prefix_chunks"] for r in rows], color="tab:gray", linestyle="--", label="prefix-cache chunks")
+    chunks.set_ylabel("prefix-cache chunks (LRU)")
+    chunks.set_ylim(bottom=0)
+    chunks.legend(loc="center right", fontsize=8)
     axes[0].set_ylim(bottom=0)
     axes[1].plot(mids, per_min, color="tab:green", label="output tokens / wall minute")
     axes[1].set_ylabel("tokens / min")
@@ -150,21 +169,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="docs/results/soak", help="soak.jsonl, soak.yaml and soak.png go here")
     ap.add_argument("--eval_out", default="runs/soak", help="the eval's own output folder (predictions, metrics)")
     ap.add_argument("--plot_only", action="store_true")
+    ap.add_argument("--trim", action="store_true",
+                    help="call glibc's malloc_trim(0) before each sample (tells allocator fragmentation from a leak)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
         print(plot(out))
         return 0
+    import signal
+
     import torch
 
+    # a process started in the background by a non-interactive shell ignores SIGINT, and then
+    # `interrupt_main` (how the soak stops the eval) does nothing: restore Python's handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     config = out / "soak.yaml"
     config.write_text(CONFIG.format(out=args.eval_out, limit=args.limit))
     caches = _prefix_caches()
     stop = threading.Event()
     sampler = threading.Thread(target=sample_loop, daemon=True,
-                               args=(out, Path(args.eval_out), time.time() + args.minutes * 60, args.every_s, caches, stop))
+                               args=(out, Path(args.eval_out), time.time() + args.minutes * 60, args.every_s, caches, stop,
+                                     args.trim))
     sampler.start()
     from eval.cli import main as cli_main
 

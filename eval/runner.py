@@ -21,6 +21,7 @@ import yaml
 
 from runtime.errors import ConfigError
 from runtime.files import append_line, write_json_atomic, write_text_atomic
+from runtime.heap import HeapTrimmer
 from runtime.outputs import GenerationOutput
 from eval.config import EvalConfig, RunSpec, TaskSpec
 from eval.data import Doc, resolve_data_dir
@@ -174,6 +175,7 @@ def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], p
     """Generate `todo` in batches, appending each record to `pred_path` (and `records`) as it comes."""
     task = spec.task
     # one O_APPEND write per record: records of processes sharing the file never interleave
+    trimmer = HeapTrimmer()  # long runs: freed heap handed back to the OS about once a minute
     with open(pred_path, "ab", buffering=0) as f:
         for start in range(0, len(todo), batch_size):
             batch = todo[start: start + batch_size]
@@ -193,6 +195,7 @@ def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], p
                 records.append(rec)
             bar.update(len(batch))
             bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
+            trimmer.maybe()
 
 
 def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -> dict[str, Any]:
