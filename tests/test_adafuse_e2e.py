@@ -39,3 +39,19 @@ def test_adafuse_smollm2_gemma3(smollm2, gemma):
     assert [o.text for o in spec] == [o.text for o in outs]
     assert ([[[c.text for c in r.candidates] for r in o.trace] for o in spec]
             == [[[c.text for c in r.candidates] for r in o.trace] for o in outs])
+
+
+def test_members_on_separate_devices_give_the_same_output(smollm2, gemma, monkeypatch):
+    # each member on a "device" of its own (here: pretended, the machine has only its CPU), so an
+    # ensembled word's flush and scoring forwards run in one thread per member (runtime.devices.run_by_device)
+    from adafuse import Ensemble
+    from adafuse.methods.word_level import ensembled_word
+
+    kw = dict(max_new_tokens=24, stop=["\n\nQuestion:"])
+    ensemble = Ensemble([smollm2, gemma], method="adafuse")
+    together = ensemble.generate(PROMPTS, **kw)
+    monkeypatch.setattr(ensembled_word, "device_key", lambda member: member.name)
+    apart = ensemble.generate(PROMPTS, **kw)
+    for x, y in zip(together, apart):
+        assert x.text == y.text and x.cost.forward_passes == y.cost.forward_passes
+        assert [(r.kind, r.units, r.gate) for r in x.trace] == [(r.kind, r.units, r.gate) for r in y.trace]
