@@ -386,7 +386,7 @@ def test_shipped_tune_configs_are_valid() -> None:
     assert {p.name for p in paths} >= {"tune_wmt.yaml", "tune_nq.yaml", "tune_gsm8k.yaml"}
     for path in paths:
         cfg = load_tune(path)
-        assert len(cfg.tune.members) >= 3 and cfg.tune.methods
+        assert len(cfg.tune.members) >= 2 and cfg.tune.methods   # an ensemble needs two members
         cands, _ = build_candidates(cfg.tune, {m: 1.0 for m in cfg.tune.members})
         assert 1 <= len(cands) <= 40, path.name                  # affordable on 2 cores
         as_eval = load_config(path)                              # read by `adafuse eval`: the members alone
