@@ -2,7 +2,7 @@
 
 Decodes the same GSM8K k-shot prompts (greedy) two ways, each in a fresh process (memory an
 allocator has once taken is not given back, so one process cannot measure both): in one call, and
-in the parts `batch_parts` cuts for `--budget_gib`; a thread samples the process's RSS every 10 ms.
+in the parts `batch_parts` cuts for `--budget_gib`; a thread samples the process's RSS every 50 ms.
 Prints, per way, the peak RSS above what the loaded (and warmed-up) model held, the estimate of
 `runtime.batch_memory` for the largest part, wall time, and whether the texts are identical.
 
@@ -13,36 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-class PeakRSS:
-    """Peak resident memory of this process while the block runs (sampled every `every_s`)."""
-
-    def __init__(self, every_s: float = 0.01):
-        import psutil
-
-        self.proc, self.every_s, self.peak = psutil.Process(), every_s, 0
-        self._stop = threading.Event()
-
-    def __enter__(self):
-        self.peak = self.proc.memory_info().rss
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
+from specdec_speed import PeakRSS  # noqa: E402  (sampled every 50 ms)
 
 
 def main(argv: list[str] | None = None) -> int:
