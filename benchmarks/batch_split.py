@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     base = psutil.Process().memory_info().rss
     t0 = time.perf_counter()
     with PeakRSS() as peak:
-        outs = generate_in_parts(member, prompts, 0, lambda ps, s: member.generate(ps, seed=s, **gen), parts=cut,
+        outs = generate_in_parts(prompts, 0, lambda ps, s: member.generate(ps, seed=s, **gen), parts=cut,
                                  notice=lambda text: None)
     wall = time.perf_counter() - t0
     largest = max(cut, key=len)

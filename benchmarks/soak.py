@@ -37,6 +37,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from runtime.heap import release_free_heap  # noqa: E402
+
 CONFIG = """\
 description: soak - the speculative adafuse ensemble over WMT22 de-en lines, sampled each minute
 output_path: {out}
@@ -87,13 +89,6 @@ def _done(run_dir: Path) -> tuple[int, int]:
     return rows, tokens
 
 
-def _malloc_trim() -> None:
-    """Ask glibc to hand freed heap memory back to the OS (what fragmentation keeps resident)."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def sample_loop(out: Path, eval_dir: Path, deadline: float, every_s: float, caches, stop: threading.Event,
                 trim: bool = False) -> None:
     import psutil
@@ -104,7 +99,7 @@ def sample_loop(out: Path, eval_dir: Path, deadline: float, every_s: float, cach
         while not stop.is_set():
             rows, tokens = _done(eval_dir)
             if trim:
-                _malloc_trim()
+                release_free_heap()
             cpu, mem = proc.cpu_times(), proc.memory_info()
             row = {"t_s": round(time.time() - t0, 1), "rss_mib": round(mem.rss / 2**20, 1),
                    "anon_mib": round((mem.rss - mem.shared) / 2**20, 1),

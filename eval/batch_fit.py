@@ -38,7 +38,7 @@ def members_of(generator: Any) -> list[Member]:
 def batch_parts(generator: Any, prompts: Sequence[str], max_new_tokens: int, budget: int | None = None) -> list[range]:
     """Consecutive ranges of `prompts` that each fit in `budget` bytes (default: `memory_budget()`)."""
     members = members_of(generator)
-    if not members or len(prompts) <= 1 and budget is None:
+    if not members or len(prompts) <= 1:
         return [range(len(prompts))]
     lengths = [[len(m.encode_prompt(p)) for p in prompts] for m in members]
 
@@ -48,7 +48,7 @@ def batch_parts(generator: Any, prompts: Sequence[str], max_new_tokens: int, bud
     return fitting_batches(cost, len(prompts), memory_budget() if budget is None else budget)
 
 
-def generate_in_parts(generator: Any, prompts: list[str], seed: int, generate: Callable[[list[str], int], list],
+def generate_in_parts(prompts: list[str], seed: int, generate: Callable[[list[str], int], list],
                       parts: list[range] | None = None, notice: Callable[[str], None] | None = None) -> list:
     """`generate(prompts[part], seed + part.start)` over `parts` (default: one), outputs concatenated;
     a part whose allocation fails is halved and retried (a single row's failure is raised)."""

@@ -181,9 +181,8 @@ def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], p
             batch = todo[start: start + batch_size]
             prompts = [task.prompt(d, shots) for d in batch]
             t0 = time.perf_counter()
-            parts = batch_parts(generator, prompts, spec.max_new_tokens) if len(prompts) > 1 else None
             outputs = generate_in_parts(
-                generator, prompts, seed + int(batch[0]["id"]), parts=parts,
+                prompts, seed + int(batch[0]["id"]), parts=batch_parts(generator, prompts, spec.max_new_tokens),
                 generate=lambda ps, s: generator.generate(ps, max_new_tokens=spec.max_new_tokens, stop=list(task.until),
                                                           temperature=spec.temperature, seed=s))
             wall = time.perf_counter() - t0

@@ -29,7 +29,7 @@ def kv_bytes_per_token(member: Any) -> int:
     heads = int(getattr(cfg, "num_attention_heads", 1))
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    width = member.dtype.itemsize if hasattr(member.dtype, "itemsize") else 4
+    width = member.dtype.itemsize
     return int(cfg.num_hidden_layers) * 2 * kv_heads * head_dim * width
 
 
@@ -57,8 +57,8 @@ def fitting_batches(costs: Callable[[Sequence[int]], int], n: int, budget: int,
     start = 0
     while start < n:
         end = start + 1
-        if costs(range(start, end)) > budget:
-            need = costs(range(start, end))
+        need = costs(range(start, end))
+        if need > budget:
             raise InsufficientMemoryError(
                 f"{describe(start)} alone needs ~{need / GIB:.1f} GiB beyond the weights (KV cache and activations), "
                 f"{budget / GIB:.1f} GiB may be used; lower max_new_tokens, shorten the prompt or use dtype bfloat16")

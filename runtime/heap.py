@@ -2,7 +2,7 @@
 
 Decoding allocates and frees tensors of ever-changing sizes (KV caches grow per row, trees differ
 per step), and glibc's allocator keeps much of what is freed resident: in a 65-minute soak of the
-speculative ensemble (docs/results/soak) the resident memory crept up by ~10 MiB a minute after every
+speculative ensemble (docs/results/soak) the resident memory crept up by ~8 MiB a minute after every
 cache had reached its bound, and one `malloc_trim(0)` handed back 417 MiB. `release_free_heap()`
 calls it (glibc only; a no-op elsewhere); `HeapTrimmer` does so at most once per `every_s` seconds,
 so a runner can call it after every batch at no measurable cost.

@@ -52,7 +52,7 @@ def test_parts_give_the_outputs_of_one_call(member, temperature):
     parts = batch_parts(member, PROMPTS, 6, budget=int(2.5 * per_row))
     assert len(parts) >= 3 and [i for p in parts for i in p] == list(range(len(PROMPTS)))
     notes = []
-    split = generate_in_parts(member, PROMPTS, 11, lambda ps, s: member.generate(ps, seed=s, **gen), parts=parts,
+    split = generate_in_parts(PROMPTS, 11, lambda ps, s: member.generate(ps, seed=s, **gen), parts=parts,
                               notice=notes.append)
     assert [o.text for o in split] == [o.text for o in whole]
     assert len(notes) == 1 and f"{len(parts)} parts" in notes[0]
@@ -70,14 +70,14 @@ def test_a_failed_allocation_halves_the_part_and_retries():
 
     prompts = [str(i) for i in range(7)]
     notes = []
-    out = generate_in_parts(None, prompts, 100, generate, notice=notes.append)
+    out = generate_in_parts(prompts, 100, generate, notice=notes.append)
     assert out == [f"{i}@{100 + i}" for i in range(7)]          # order and per-row seeds kept
     assert calls == [(7, 100), (3, 100), (1, 100), (2, 101), (4, 103), (2, 103), (2, 105)]
     assert any("out of memory" in n for n in notes)
     with pytest.raises(RuntimeError, match="shape mismatch"):   # other errors are not retried
-        generate_in_parts(None, prompts, 0, lambda ps, s: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+        generate_in_parts(prompts, 0, lambda ps, s: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(MemoryError):                            # a single row that fails is raised
-        generate_in_parts(None, ["x"], 0, lambda ps, s: (_ for _ in ()).throw(MemoryError()))
+        generate_in_parts(["x"], 0, lambda ps, s: (_ for _ in ()).throw(MemoryError()))
     assert is_out_of_memory(MemoryError()) and not is_out_of_memory(RuntimeError("boom"))
 
 
