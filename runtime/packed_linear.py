@@ -28,6 +28,7 @@ tensor costs half as much as the head's matmul. The context's `HeadRun.compacted
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -40,7 +41,13 @@ DEFAULT_BATCH_HINT = 16
 
 # role -> (leading shape, flat indices of the rows to compute); roles: "body" (every layer but the
 # LM head), "head" (the output embedding, marked at packing time)
-_subsets: dict[str, tuple[torch.Size, torch.Tensor]] = {}
+class _ThreadState(threading.local):
+    """`only_tokens`' state, one per thread: members on different devices run their forwards in
+    threads of their own (`runtime.devices.run_by_device`), each inside its own `only_tokens`."""
+
+    def __init__(self) -> None:
+        self.subsets: dict[str, tuple[torch.Size, torch.Tensor]] = {}
+        self.head_run: list[HeadRun] = [HeadRun()]
 
 
 def _as_subset(mask: torch.Tensor | None) -> tuple[torch.Size, torch.Tensor] | None:
@@ -57,7 +64,7 @@ class HeadRun:
     compacted: bool = False    # done: the logits are [1, n_wanted, V]
 
 
-_head_run: list[HeadRun] = [HeadRun()]
+_state = _ThreadState()
 
 
 @contextlib.contextmanager
@@ -66,7 +73,8 @@ def only_tokens(valid: torch.Tensor, head: torch.Tensor | None = None, compact_h
     True positions (zeros elsewhere); the packed LM head does the same with `head` ([B, K] bool over
     the positions the model keeps logits for), or with `compact_head` returns just those positions
     ([1, n, V], row-major; the yielded `HeadRun.compacted` is then True). All-True masks are no-ops.
-    Not thread-safe (module state)."""
+    The state is per thread."""
+    _subsets, _head_run = _state.subsets, _state.head_run
     previous = dict(_subsets)
     previous_run = _head_run[0]
     _subsets.clear()
@@ -120,7 +128,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        subset = _subsets.get(self.role)
+        subset = _state.subsets.get(self.role)
         if subset is not None and x.shape[:-1] != subset[0]:
             subset = None
         if subset is not None:
@@ -130,8 +138,8 @@ class PackedLinear(nn.Module):
         if rows.dtype != self.dtype or not rows.is_contiguous():
             rows = rows.to(self.dtype).contiguous()
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
-        if subset is not None and self.role == "head" and _head_run[0].compact:
-            _head_run[0].compacted = True
+        if subset is not None and self.role == "head" and _state.head_run[0].compact:
+            _state.head_run[0].compacted = True
             return y.reshape(1, -1, self.out_features)
         if subset is not None:
             y = y.new_zeros(x.shape[:-1].numel(), self.out_features).index_copy_(0, subset[1], y)

@@ -120,7 +120,8 @@ def test_run_by_device_raises_the_first_error():
 
 def test_ensemble_outputs_are_the_same_with_members_running_at_once(monkeypatch):
     # on this CPU every member is on "cpu" (one group, inline); pretend each is on its own device so
-    # the flush and scoring forwards of an ensembled word run in one thread per member
+    # the flush, proposal and scoring forwards of an ensembled word run in one thread per member
+    # (proposals: one thread per non-lead device, then the lead)
     from adafuse.ensemble import Ensemble
     from adafuse.methods.word_level import ensembled_word
     from runtime.testing import bpe_tokenizer, char_tokenizer
@@ -143,7 +144,11 @@ def test_ensemble_outputs_are_the_same_with_members_running_at_once(monkeypatch)
     monkeypatch.setattr(ensembled_word, "run_by_device", spy)
     apart = Ensemble(members, lead=1, threshold=0.3, max_word_tokens=6).generate(prompts, **kw)
     assert max(groups) == 3
+    assert 2 in groups  # the two non-lead members propose at once
     for x, y in zip(plain, apart):
         assert x.text == y.text
         assert [(r.kind, r.units, r.gate) for r in x.trace] == [(r.kind, r.units, r.gate) for r in y.trace]
-        assert x.cost.forward_passes == y.cost.forward_passes
+        assert ([[(c.text, c.proposed_by) for c in r.candidates] for r in x.trace]
+                == [[(c.text, c.proposed_by) for c in r.candidates] for r in y.trace])
+        # members proposing at once cannot walk through each other's words: never fewer forwards
+        assert all(y.cost.forward_passes[k] >= n for k, n in x.cost.forward_passes.items())

@@ -142,3 +142,31 @@ def test_ragged_tree_forwards_equal_one_row_at_a_time(arch, packed):
             alone = run({b}, logits_at)
             n = len(tokens[b]) if logits_at is None else len(at[b])
             torch.testing.assert_close(together[b, :n], alone[b, :n], atol=1e-4, rtol=1e-4)
+
+
+def test_only_tokens_state_is_per_thread():
+    # members on different devices run their forwards in threads of their own, each inside its own
+    # only_tokens block: one thread's mask must not leak into another's layers
+    import threading
+    from runtime import packed_linear
+
+    inside, release = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def other() -> None:
+        with packed_linear.only_tokens(torch.tensor([[True, False]])):
+            inside.set()
+            release.wait(5)
+            seen["other"] = packed_linear._state.subsets.get("body")
+
+    t = threading.Thread(target=other)
+    t.start()
+    inside.wait(5)
+    seen["main"] = packed_linear._state.subsets.get("body")
+    with packed_linear.only_tokens(torch.tensor([[False, True, True]])):
+        seen["main_inside"] = packed_linear._state.subsets["body"][1].tolist()
+    release.set()
+    t.join()
+    assert seen["main"] is None
+    assert seen["main_inside"] == [1, 2]
+    assert seen["other"][1].tolist() == [0]

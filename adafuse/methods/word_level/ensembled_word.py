@@ -1,7 +1,7 @@
 """One ensembled word for a set of rows: `EnsembledWord`, propose -> score -> fuse -> commit.
 
 Uncertain: each member proposes its top-`candidates` first tokens, each completed greedily to the
-word boundary (all of a member's branches of all rows in one tree forward per step; a branch walks
+word boundary (members on one device one after another, device groups at once, the lead last) (all of a member's branches of all rows in one tree forward per step; a branch walks
 on through draft nodes in that tree, the words members before it proposed and, for a member with
 a `specdec` drafter, the drafter's greedy continuation of the branch, as long as its greedy next
 token is there); the union of the candidate words (dedup by exact text) is scored by every member
@@ -60,6 +60,19 @@ class Scored:
     trees: list[OpenTree]
 
 
+@dataclass
+class _MemberProposal:
+    """One member's part of a `Proposal`: per row its candidate words, its open completion tree (the
+    lead's; None for the others), per row its p1 - p2 (fusion "confidence" only), and for the lead per
+    row whether EOS is among its top-B first tokens and whether it is its top-1."""
+
+    words: dict[int, list[str]]
+    tree: OpenTree | None
+    margins: list[float] | None
+    eos_first: dict[int, bool]
+    top_eos: dict[int, bool]
+
+
 class EnsembledWord:
     """Ensembles one word for rows of the batch: `run(rows, gates, lead_branches)` proposes, scores,
     fuses, commits the chosen word into every member that holds it and records the round."""
@@ -95,37 +108,27 @@ class EnsembledWord:
         last, walking through a tree that already holds the other members' candidates: that tree also
         scores them (`score`), so for the lead an ensembled word usually costs one forward. The lead's
         `lead_branches` of the same first tokens are taken up where they are."""
-        cfg, names = self.config, [m.name for m in self.members]
+        names = [m.name for m in self.members]
         lead_branches = lead_branches or {}
-        eos_first: dict[int, bool] = {b: False for b in rows}
-        words: dict[int, dict[int, list[str]]] = {}
+        others = [m for m in range(len(self.members)) if m != self.lead]
+        by_device: dict[str, list[int]] = {}
+        for m in others:
+            by_device.setdefault(self._device(m), []).append(m)
+        # members on one device propose one after another, each walking through the words proposed
+        # before it; device groups propose at once (each knowing only its own group's words: the same
+        # words, maybe more forwards); the lead last, knowing them all
+        chains = run_by_device(list(by_device.values()), lambda group: self._device(group[0]),
+                               lambda group: self._propose_chain(group, rows, lead_branches))
+        proposed: dict[int, _MemberProposal] = {m: p for chain in chains for m, p in chain.items()}
         known: dict[int, list[str]] = {b: [] for b in rows}
-        open_trees: dict[int, OpenTree | None] = {}
-        margins: dict[int, list[float]] = {}
-        lead_top_eos: dict[int, bool] = {}
-        order = [m for m in range(len(self.members)) if m != self.lead] + [self.lead]
-        for m in order:
-            view = self.batch.views[m]
-            guessed = self._flush_guessing(m, rows, known) if self._guesses_with_flush(m) else None
-            firsts, eos = top_firsts(view, rows, cfg.candidates)
-            if cfg.fusion == "confidence":
-                margins[m] = top2_margin(view.state.next_probs(1.0)).tolist()
-            if m == self.lead:
-                top1 = view.state.next_probs(1.0).argmax(-1).tolist()
-                lead_top_eos = {b: top1[b] in view.member.eos_token_ids for b in rows}
-            started: dict[int, Branches] = {}
-            if m == self.lead:
-                eos_first = eos  # EOS takes one of the B slots; only the lead's counts
-                started = {b: lead_branches[b] for b in rows
-                           if b in lead_branches and lead_branches[b].firsts == firsts[b]}
-            # every member walks through the candidates proposed before it; only the lead (last)
-            # keeps its tree for scoring (the others score in a forward of their own: the lead
-            # adds candidates after them)
-            words[m], open_trees[m] = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
-                                                     keep_tree=m == self.lead, started=started, tree=guessed,
-                                                     drafter=self._candidate_drafter(m))
+        for m in others:
             for b in rows:
-                known[b] += [w for w in words[m][b] if w and w not in known[b]]
+                known[b] += [w for w in proposed[m].words[b] if w and w not in known[b]]
+        proposed.update(self._propose_chain([self.lead], rows, lead_branches, known))
+        words = {m: p.words for m, p in proposed.items()}
+        open_trees = {m: p.tree for m, p in proposed.items()}
+        margins = {m: p.margins for m, p in proposed.items() if p.margins is not None}
+        eos_first, lead_top_eos = proposed[self.lead].eos_first, proposed[self.lead].top_eos
         union: dict[int, dict[str, Candidate]] = {b: {} for b in rows}
         for m in range(len(self.members)):
             for b in rows:
@@ -140,6 +143,36 @@ class EnsembledWord:
         lead_word = {b: EOS_KEY if lead_top_eos[b] else (words[self.lead][b][0] or None) if words[self.lead][b] else None
                      for b in rows}
         return Proposal(list(rows), {b: list(union[b].values()) for b in rows}, open_trees, lead_word, margins)
+
+    def _propose_chain(self, chain: Sequence[int], rows: list[int], lead_branches: dict[int, Branches],
+                       known: dict[int, list[str]] | None = None) -> dict[int, "_MemberProposal"]:
+        """Members `chain` propose one after another (their top-B first tokens, each completed
+        greedily to the word boundary), each walking through the words `known` and proposed before it
+        in the chain; only the lead keeps its completion tree open (for `score`: the lead proposes
+        after every other member, so its tree already holds their candidates)."""
+        cfg = self.config
+        known = {b: list(known.get(b, [])) for b in rows} if known else {b: [] for b in rows}
+        out: dict[int, _MemberProposal] = {}
+        for m in chain:
+            view = self.batch.views[m]
+            guessed = self._flush_guessing(m, rows, known) if self._guesses_with_flush(m) else None
+            firsts, eos = top_firsts(view, rows, cfg.candidates)
+            margins = top2_margin(view.state.next_probs(1.0)).tolist() if cfg.fusion == "confidence" else None
+            started: dict[int, Branches] = {}
+            top_eos: dict[int, bool] = {}
+            if m == self.lead:
+                top1 = view.state.next_probs(1.0).argmax(-1).tolist()
+                top_eos = {b: top1[b] in view.member.eos_token_ids for b in rows}
+                started = {b: lead_branches[b] for b in rows
+                           if b in lead_branches and lead_branches[b].firsts == firsts[b]}
+            words, tree = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
+                                         keep_tree=m == self.lead, started=started, tree=guessed,
+                                         drafter=self._candidate_drafter(m))
+            for b in rows:
+                known[b] += [w for w in words[b] if w and w not in known[b]]
+            # EOS takes one of the B slots; only the lead's counts
+            out[m] = _MemberProposal(words, tree, margins, eos if m == self.lead else {}, top_eos)
+        return out
 
     def _guesses_with_flush(self, m: int) -> bool:
         """Whether member m receives its pending text with guesses (`_flush_guessing`, in `propose`)."""
