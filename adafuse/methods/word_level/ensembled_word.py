@@ -1,7 +1,7 @@
 """One ensembled word for a set of rows: `EnsembledWord`, propose -> score -> fuse -> commit.
 
 Uncertain: each member proposes its top-`candidates` first tokens, each completed greedily to the
-word boundary (members on one device one after another, device groups at once, the lead last) (all of a member's branches of all rows in one tree forward per step; a branch walks
+word boundary (members on one device one after another, device groups at once, the lead last; all of a member's branches of all rows in one tree forward per step; a branch walks
 on through draft nodes in that tree, the words members before it proposed and, for a member with
 a `specdec` drafter, the drafter's greedy continuation of the branch, as long as its greedy next
 token is there); the union of the candidate words (dedup by exact text) is scored by every member
