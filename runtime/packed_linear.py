@@ -47,7 +47,7 @@ class _ThreadState(threading.local):
 
     def __init__(self) -> None:
         self.subsets: dict[str, tuple[torch.Size, torch.Tensor]] = {}
-        self.head_run: list[HeadRun] = [HeadRun()]
+        self.head_run = HeadRun()
 
 
 def _as_subset(mask: torch.Tensor | None) -> tuple[torch.Size, torch.Tensor] | None:
@@ -74,21 +74,21 @@ def only_tokens(valid: torch.Tensor, head: torch.Tensor | None = None, compact_h
     the positions the model keeps logits for), or with `compact_head` returns just those positions
     ([1, n, V], row-major; the yielded `HeadRun.compacted` is then True). All-True masks are no-ops.
     The state is per thread."""
-    _subsets, _head_run = _state.subsets, _state.head_run
+    _subsets = _state.subsets
     previous = dict(_subsets)
-    previous_run = _head_run[0]
+    previous_run = _state.head_run
     _subsets.clear()
     for role, mask in (("body", valid), ("head", head)):
         subset = _as_subset(mask)
         if subset is not None:
             _subsets[role] = subset
-    run = _head_run[0] = HeadRun(compact=compact_head)
+    run = _state.head_run = HeadRun(compact=compact_head)
     try:
         yield run
     finally:
         _subsets.clear()
         _subsets.update(previous)
-        _head_run[0] = previous_run
+        _state.head_run = previous_run
 
 
 def native_bf16() -> bool:
@@ -138,8 +138,8 @@ class PackedLinear(nn.Module):
         if rows.dtype != self.dtype or not rows.is_contiguous():
             rows = rows.to(self.dtype).contiguous()
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
-        if subset is not None and self.role == "head" and _state.head_run[0].compact:
-            _state.head_run[0].compacted = True
+        if subset is not None and self.role == "head" and _state.head_run.compact:
+            _state.head_run.compacted = True
             return y.reshape(1, -1, self.out_features)
         if subset is not None:
             y = y.new_zeros(x.shape[:-1].numel(), self.out_features).index_copy_(0, subset[1], y)

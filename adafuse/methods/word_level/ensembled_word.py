@@ -73,6 +73,12 @@ class _MemberProposal:
     top_eos: dict[int, bool]
 
 
+def _add_known(known: dict[int, list[str]], words: dict[int, list[str]]) -> None:
+    """Append each row's new, non-empty `words` to `known[row]` (in order, no repeats)."""
+    for b, row in known.items():
+        row += [w for w in words[b] if w and w not in row]
+
+
 class EnsembledWord:
     """Ensembles one word for rows of the batch: `run(rows, gates, lead_branches)` proposes, scores,
     fuses, commits the chosen word into every member that holds it and records the round."""
@@ -122,8 +128,7 @@ class EnsembledWord:
         proposed: dict[int, _MemberProposal] = {m: p for chain in chains for m, p in chain.items()}
         known: dict[int, list[str]] = {b: [] for b in rows}
         for m in others:
-            for b in rows:
-                known[b] += [w for w in proposed[m].words[b] if w and w not in known[b]]
+            _add_known(known, proposed[m].words)
         proposed.update(self._propose_chain([self.lead], rows, lead_branches, known))
         words = {m: p.words for m, p in proposed.items()}
         open_trees = {m: p.tree for m, p in proposed.items()}
@@ -151,7 +156,7 @@ class EnsembledWord:
         in the chain; only the lead keeps its completion tree open (for `score`: the lead proposes
         after every other member, so its tree already holds their candidates)."""
         cfg = self.config
-        known = {b: list(known.get(b, [])) for b in rows} if known else {b: [] for b in rows}
+        known = {b: list((known or {}).get(b, [])) for b in rows}
         out: dict[int, _MemberProposal] = {}
         for m in chain:
             view = self.batch.views[m]
@@ -168,8 +173,7 @@ class EnsembledWord:
             words, tree = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
                                          keep_tree=m == self.lead, started=started, tree=guessed,
                                          drafter=self._candidate_drafter(m))
-            for b in rows:
-                known[b] += [w for w in words[b] if w and w not in known[b]]
+            _add_known(known, words)
             # EOS takes one of the B slots; only the lead's counts
             out[m] = _MemberProposal(words, tree, margins, eos if m == self.lead else {}, top_eos)
         return out
