@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                                  notice=lambda text: None)
     wall = time.perf_counter() - t0
     largest = max(cut, key=len)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    from runtime.dtype_choice import cpu_name
+
+    cpu = cpu_name()
     print(json.dumps({"parts": len(cut), "most": len(largest), "peak_mib": (peak.peak - base) / 2**20,
                       "estimate_mib": batch_bytes(member, [lengths[i] for i in largest], args.max_new_tokens) / 2**20,
                       "wall_s": wall, "texts": [o.text for o in outs], "lengths": [min(lengths), max(lengths)],

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from runtime.dtype_choice import cpu_name
 from specdec import SCHEMES, optimal_acceptance
 from specdec.bound_reference import reference_optimal_acceptance
 from specdec.lp import lp_optimal_acceptance
@@ -49,17 +49,6 @@ def independent_pair(vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     g = torch.Generator().manual_seed(seed)
     return (torch.softmax(3 * torch.randn(vocab, generator=g, dtype=torch.float64), 0),
             torch.softmax(3 * torch.randn(vocab, generator=g, dtype=torch.float64), 0))
-
-
-def cpu_name() -> str:
-    """The CPU model and whether it has AVX512-BF16 / AMX (from lscpu)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown CPU"
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
-    flags = [f for f in ("avx512_bf16", "amx_bf16", "amx_tile") if f in text.split()] or ["no avx512_bf16/amx"]
-    return f"{name} ({', '.join(flags)})"
 
 
 def time_ms(fn, repeats: int) -> tuple[float, float]:

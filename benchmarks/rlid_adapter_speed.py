@@ -62,7 +62,9 @@ def main() -> None:
     gap = max(float((a.probs.log() - b.probs.log()).abs().max())
               for a, b in zip(laws["adapter unmerged"], laws["adapter merged + packed"]))
     med = {k: round(statistics.median(v), 2) for k, v in rates.items()}
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    from runtime.dtype_choice import cpu_name
+
+    cpu = cpu_name()
     print(json.dumps({"model": args.model, "batch": args.batch, "rounds": args.rounds, "threads": args.threads,
                       "cpu": cpu, "decisions_per_s": med,
                       "merged_over_unmerged": round(med["adapter merged + packed"] / med["adapter unmerged"], 2),

@@ -24,8 +24,13 @@ Reported per (temperature, method): new tokens/s and its ratio to hf-plain and t
 block efficiency (tokens per target forward), mean acceptance, peak RSS sampled while the method ran,
 and at temperature 0 the share of prompts whose text equals hf-plain's (greedy agreement).
 
-Full spec:   python benchmarks/specdec_speed.py --prompts 16 --max_new_tokens 128
+Full spec:   python benchmarks/specdec_speed.py --prompts 16 --max_new_tokens 128 --output runs/speed.json
 Reduced run: python benchmarks/specdec_speed.py --prompts 3 --max_new_tokens 64
+
+With --output OUT.json each timed row is appended to OUT.jsonl as it finishes (first line: the
+settings and the CPU), and a rerun of the same command resumes: rows already there are not run
+again. A journal from other settings or another CPU is refused (exit 2): its times would not
+compare with this machine's.
 
 Measured here (2026-11-30, idle 2-core AVX2 AMD EPYC, fp32, 4 GSM8K + 4 WMT22 de-en prompts x up to 128
 new tokens; docs/results/specdec/speed_fp32.md has the command and the table):
@@ -189,6 +194,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no_pack", action="store_true", help="run ours on the unpacked (transformers) weights")
     ap.add_argument("--output", default=None, help="write per-prompt rows and the summary as JSON")
     args = ap.parse_args(argv)
+    journal = Journal.open(Path(args.output).with_suffix(".jsonl"), journal_header(args)) if args.output else None
+    if isinstance(journal, str):
+        print(journal)
+        return 2
 
     from runtime.loader import load as load_member
 
@@ -210,7 +219,7 @@ def main(argv=None) -> int:
     our_methods = [m for m in methods if m not in hf_methods]
     if drafter is not None and "hf-assisted" in hf_methods and any(t > 0 for t in temps):
         hf_assistant(target, drafter, 1.0)  # (a copy for transformers to prune, made before any timing)
-    rows = run_methods(hf_methods, target, drafter, prompts, temps, args, {})
+    rows = run_methods(hf_methods, target, drafter, prompts, temps, args, {}, journal)
     _INT8["m"] = quantize_int8_if_needed(our_methods, drafter)
     if not args.no_pack:
         from runtime.packed_linear import pack_linear_weights
@@ -219,7 +228,7 @@ def main(argv=None) -> int:
             if m is not None:
                 pack_linear_weights(m.model)
     gens = {m: parse_method(m, target, drafter) for m in our_methods if m.startswith("ours")}
-    rows += run_methods(our_methods, target, drafter, prompts, temps, args, gens)
+    rows += run_methods(our_methods, target, drafter, prompts, temps, args, gens, journal)
     summary = summarize(rows, methods, temps)
     print(summary)
     if args.output:
@@ -237,12 +246,71 @@ def quantize_int8_if_needed(methods, drafter):
     return quantize_int8(drafter) if any(m.split(":")[0].endswith("8") for m in methods) else None
 
 
-def run_methods(methods, target, drafter, prompts, temps, args, gens) -> list[dict]:
+JOURNAL_KEYS = ("target", "drafter", "prompts", "max_new_tokens", "dtype", "drafter_dtype", "seed", "threads", "no_pack")
+
+
+def journal_header(args) -> dict:
+    """What a resumed run must share with the journal it continues: the settings that change a
+    row's text or time, and the CPU."""
+    from runtime.dtype_choice import cpu_name
+
+    return {"settings": {k: getattr(args, k) for k in JOURNAL_KEYS}, "cpu": cpu_name(),
+            "omp_threads": os.environ.get("OMP_NUM_THREADS")}
+
+
+class Journal:
+    """Timed rows, one JSON line each, appended as they finish; `done` maps (temperature, task,
+    prompt, method) to the rows of an earlier run of the same settings on the same CPU."""
+
+    def __init__(self, path: Path, done: dict):
+        from runtime.files import append_line
+
+        self.path, self.done, self._append = path, done, append_line
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    @classmethod
+    def open(cls, path: Path, header: dict) -> "Journal | str":
+        """The journal at `path` (created with `header` as its first line), or a one-line error
+        when it holds another run's rows."""
+        done = {}
+        if path.exists() and path.stat().st_size:
+            lines = path.read_text().splitlines()
+            try:
+                old = json.loads(lines[0])
+            except ValueError:
+                return f"error: {path} does not start with a journal header; pass another --output or delete it"
+            if old != header:
+                diff = sorted(k for k in set(old) | set(header) if old.get(k) != header.get(k))
+                return (f"error: {path} holds a run with other {', '.join(diff)} ({old.get('cpu')}); "
+                        "pass another --output or delete it")
+            for line in lines[1:]:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a torn last line from a kill: that row runs again
+                    continue
+                done[(row["temperature"], row["task"], row["prompt"], row["method"])] = row
+            journal = cls(path, done)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            journal = cls(path, done)
+            journal.write(header)
+        if done:
+            print(f"# resuming: {len(done)} rows from {path}", flush=True)
+        return journal
+
+    def write(self, row: dict) -> None:
+        self._append(self.fd, json.dumps(row) + "\n", self.path)
+
+
+def run_methods(methods, target, drafter, prompts, temps, args, gens, journal: Journal | None = None) -> list[dict]:
     rows = []
     for temp in temps:
         for i, (task, prompt) in enumerate(prompts):
             ids = target.encode_prompt(prompt)
             for m in methods:
+                if journal is not None and (temp, task, i, m) in journal.done:
+                    rows.append(journal.done[(temp, task, i, m)])
+                    continue
                 with PeakRSS() as rss:
                     t0 = time.perf_counter()
                     stats = {}
@@ -259,6 +327,8 @@ def run_methods(methods, target, drafter, prompts, temps, args, gens) -> list[di
                            block_efficiency=stats.get("block_efficiency"),
                            acceptance=stats.get("acceptance_by_depth"), target_forwards=stats.get("target_forwards"))
                 rows.append(row)
+                if journal is not None:
+                    journal.write(row)
                 print(f"T={temp} {task}#{i} {m:26s} {n:4d} tok {wall:7.1f}s {n / wall:6.2f} tok/s"
                       + (f"  BE {row['block_efficiency']:.2f}" if row["block_efficiency"] else ""), flush=True)
     return rows

@@ -67,6 +67,48 @@ def test_countdown_failure_reward_and_shaping():
     assert pick(shaped, "7 - 5 = 2").reward == pytest.approx(0.5 * (1 - 10 / 12))
 
 
+def test_countdown_reach_shaping_pays_the_moves_that_kept_the_target_reachable():
+    env = CountdownEnv(CountdownOptions(reach_shaping=0.5))  # 3 numbers: max_steps 2 (max_numbers 4: 3)
+    env.reset_to([3, 4, 5], 12)
+    pick(env, "3 + 4 = 7")  # 7 + 5 = 12 is still possible
+    assert env.kept == 1
+    end = pick(env, "7 - 5 = 2")
+    assert (end.done, end.success, env.kept) == (True, False, 1)
+    assert end.reward == pytest.approx(0.5 * 1 / env.max_steps)
+    env.reset_to([3, 4, 5], 12)
+    pick(env, "4 * 5 = 20")  # dead already: 3 and 20 cannot make 12
+    assert pick(env, "3 + 20 = 23").reward == 0.0 and env.kept == 0
+    env.reset_to([3, 4, 5], 12)
+    pick(env, "3 + 4 = 7")
+    assert pick(env, "5 + 7 = 12").reward == 1.0  # a success is worth more than any failure
+
+
+def test_countdown_end_on_dead_end_ends_at_the_first_unreachable_state():
+    env = CountdownEnv(CountdownOptions(end_on_dead_end=True, reach_shaping=1.0))
+    env.reset_to([3, 4, 5], 12)
+    end = pick(env, "4 * 5 = 20")
+    assert (end.reward, end.done, end.success, env.steps) == (0.0, True, False, 1)
+    env.reset_to([3, 4, 5], 12)
+    assert not pick(env, "3 + 4 = 7").done  # still reachable: the episode goes on
+
+
+def test_countdown_asks_solvable_once_per_step(monkeypatch):
+    env = CountdownEnv(CountdownOptions(end_on_dead_end=True, reach_shaping=1.0))
+    env.reset_to([3, 4, 5], 12)
+    calls = []
+    real = CountdownEnv.solvable
+    monkeypatch.setattr(CountdownEnv, "solvable", lambda self: calls.append(1) or real(self))
+    pick(env, "3 + 4 = 7")  # both the reach count and the dead-end check need it
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("options", [dict(shaping=0.5, reach_shaping=0.5), dict(reach_shaping=2),
+                                     dict(reach_shaping=True), dict(end_on_dead_end="yes")])
+def test_countdown_bad_shaping_options_are_config_errors(options):
+    with pytest.raises(ConfigError):
+        CountdownEnv(CountdownOptions(**options))
+
+
 def brute_values(numbers: tuple[int, ...]) -> set[int]:
     """Every positive integer an expression tree over all of `numbers` can take (subset split)."""
     if len(numbers) == 1:
@@ -174,6 +216,18 @@ def test_sokoban_cornered_box_is_unsolvable_and_can_end_the_episode():
     assert not pick(plain, "up").done and not plain.solvable()
     end = pick(ending, "up")
     assert (end.reward, end.done, end.success) == (0.0, True, False)
+
+
+def test_sokoban_reach_shaping_counts_moves_until_the_slack_runs_out():
+    env = SokobanEnv(SokobanOptions(max_steps=8, end_on_deadlock=True, reach_shaping=0.5))
+    env.reset_to("#####\n#...#\n#.B.#\n#.P.#\n#..G#\n#####")
+    assert env.solution_length() == 7  # one move of slack
+    assert not pick(env, "left").done and env.kept == 1  # 6 to go, 7 left
+    end = pick(env, "right")  # back where it started: 7 to go, 6 left
+    assert (end.done, end.success, env.kept) == (True, False, 1)
+    assert end.reward == pytest.approx(0.5 * 1 / 8)
+    with pytest.raises(ConfigError):
+        SokobanEnv(SokobanOptions(reach_shaping=-0.1))
 
 
 def test_sokoban_max_steps_ends_with_zero_reward():

@@ -49,6 +49,12 @@ def first_usable(env_name: str, seed: int, draw: Callable[[int, int], T | None],
     raise ConfigError(f"{env_name}: no usable puzzle for seed {seed} in {PUZZLE_STRIDE} draws; {fix}")
 
 
+def check_fraction(option: str, value: Any) -> None:
+    """ConfigError unless `value` is a number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"option {option} must be a number in [0, 1], got {value!r}")
+
+
 def check_range(low_name: str, low: int, high_name: str, high: int) -> None:
     if low > high:
         raise ConfigError(f"option {low_name} ({low}) must be <= {high_name} ({high})")
@@ -71,17 +77,26 @@ class MenuEnvironment:
     seed's puzzle), `_legal()` (the menu of the current state), `_apply(index, text)` (execute a menu
     entry), `_solved()`, and optionally `_stuck()` (no progress possible: episode over) and
     `_final_reward(success)`. The base counts steps, ends episodes at `max_steps`, caches the menu
-    so that `step(i)` executes exactly the `menu()[i]` a policy saw, and records moves for `memory`."""
+    so that `step(i)` executes exactly the `menu()[i]` a policy saw, and records moves for `memory`.
+
+    Reachability shaping (for subclasses with `solvable()`, set `reach_shaping` > 0): a failed
+    episode returns `reach_shaping * kept / max_steps`, where `kept` counts the moves after which the
+    puzzle could still be solved in the moves left (a prefix: once unsolvable, always unsolvable).
+    A success returns 1 as always, and `kept < max_steps` for every failure, so a success is always
+    worth more. `alive()` is `solvable()` computed once per step (what `_stuck` may also ask)."""
 
     name: str = ""
     instruction: str = ""
     max_steps: int = 1
+    reach_shaping: float = 0.0
 
     def __init__(self) -> None:
         self._moves: list[str] = []
         self._done = True
         self._success = False
         self._menu: list[str] | None = None
+        self._kept = 0
+        self._alive: tuple[int, bool] | None = None
         self.seed: int | None = None
 
     # -- the protocol -------------------------------------------------------------------------
@@ -112,6 +127,8 @@ class MenuEnvironment:
         self._moves.append(menu[i])
         self._menu = None
         success = self._solved()
+        if self.reach_shaping > 0 and self._kept == len(self._moves) - 1 and (success or self.alive()):
+            self._kept += 1
         done = success or len(self._moves) >= self.max_steps or self._stuck()
         self._done, self._success = done, success
         reward = self._final_reward(success) if done else 0.0
@@ -125,6 +142,20 @@ class MenuEnvironment:
             return ""
         start = max(0, len(self._moves) - k)
         return "\n".join(self._memory_line(n) for n in range(start, len(self._moves)))
+
+    def alive(self) -> bool:
+        """`solvable()` of the current state, computed at most once per step."""
+        if self._alive is None or self._alive[0] != len(self._moves):
+            self._alive = (len(self._moves), bool(self.solvable()))
+        return self._alive[1]
+
+    def solvable(self) -> bool:
+        raise NotImplementedError(f"{self.name}: no solvability check")
+
+    @property
+    def kept(self) -> int:
+        """Moves so far after which the puzzle could still be solved (counted when reach_shaping > 0)."""
+        return self._kept
 
     @property
     def done(self) -> bool:
@@ -151,6 +182,7 @@ class MenuEnvironment:
     def _start(self) -> None:
         """Begin an episode from the state `_load` (or a hand-made setter) put in place."""
         self._moves, self._menu, self._success = [], None, False
+        self._kept, self._alive = 0, None
         self._done = False
         if self._solved():
             raise ValueError(f"{self.name}: the start state is already solved")
@@ -162,7 +194,9 @@ class MenuEnvironment:
         return not self._legal()
 
     def _final_reward(self, success: bool) -> float:
-        return 1.0 if success else 0.0
+        if success:
+            return 1.0
+        return self.reach_shaping * self._kept / self.max_steps if self.reach_shaping > 0 else 0.0
 
     def _load(self, seed: int) -> None:
         raise NotImplementedError

@@ -11,7 +11,9 @@ So n numbers give at most C(n, 2) * 5 entries: 15 for 3 numbers, 30 for 4, 75 fo
 The episode succeeds (reward 1) as soon as the target is one of the numbers (it need not use them
 all); it ends then, or when one number is left, or after `max_steps` moves, with reward 0, or with
 `shaping * max(0, 1 - distance / target)` where distance is the closest number's distance to the
-target, if `shaping` > 0 (off by default)."""
+target, if `shaping` > 0 (off by default). `reach_shaping` > 0 instead pays a failed episode for the
+moves that kept the target reachable (`MenuEnvironment`), and `end_on_dead_end` ends the episode at
+the first move after which the target cannot be reached in the moves left (exact search)."""
 from __future__ import annotations
 
 import functools
@@ -21,7 +23,8 @@ from typing import Any
 import reasoning_gym
 
 from runtime.errors import ConfigError
-from rlid.envs.base import PUZZLE_STRIDE, MenuEnvironment, check_bool, check_int, check_range, first_usable, puzzle_index
+from rlid.envs.base import (PUZZLE_STRIDE, MenuEnvironment, check_bool, check_fraction, check_int, check_range,
+                            first_usable, puzzle_index)
 
 OPERATORS = ("+", "-", "*", "/")
 
@@ -45,6 +48,8 @@ class CountdownOptions:
     max_steps: int | None = None
     only_solvable: bool = True
     shaping: float = 0.0
+    reach_shaping: float = 0.0
+    end_on_dead_end: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.operators, list):  # from YAML
@@ -66,8 +71,11 @@ class CountdownOptions:
         if self.max_steps is not None:
             check_int("max_steps", self.max_steps, 1)
         check_bool("only_solvable", self.only_solvable)
-        if isinstance(self.shaping, bool) or not isinstance(self.shaping, (int, float)) or not 0 <= self.shaping <= 1:
-            raise ConfigError(f"option shaping must be a number in [0, 1], got {self.shaping!r}")
+        check_fraction("shaping", self.shaping)
+        check_fraction("reach_shaping", self.reach_shaping)
+        if self.shaping > 0 and self.reach_shaping > 0:
+            raise ConfigError("options shaping and reach_shaping are two rewards for a failed episode; set one of them to 0")
+        check_bool("end_on_dead_end", self.end_on_dead_end)
 
 
 def _combine(a: int, b: int, op: str) -> tuple[str, int] | None:
@@ -122,6 +130,7 @@ class CountdownEnv(MenuEnvironment):
         o = self.options
         self.max_steps = o.max_steps if o.max_steps is not None else o.max_numbers - 1
         self.operators = tuple(o.operators)
+        self.reach_shaping = float(o.reach_shaping)
         self._dataset = reasoning_gym.create_dataset(
             "countdown", size=PUZZLE_STRIDE, seed=0, min_numbers=o.min_numbers, max_numbers=o.max_numbers,
             min_value=o.min_value, max_value=o.max_value, min_target=o.min_target, max_target=o.max_target,
@@ -179,13 +188,11 @@ class CountdownEnv(MenuEnvironment):
         return self.target in self.numbers
 
     def _stuck(self) -> bool:
-        return len(self.numbers) < 2
+        return len(self.numbers) < 2 or (self.options.end_on_dead_end and not self.alive())
 
     def _final_reward(self, success: bool) -> float:
-        if success:
-            return 1.0
-        if self.options.shaping <= 0:
-            return 0.0
+        if success or self.options.shaping <= 0:
+            return super()._final_reward(success)
         distance = min(abs(n - self.target) for n in self.numbers)
         return float(self.options.shaping * max(0.0, 1.0 - distance / self.target))
 

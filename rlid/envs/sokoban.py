@@ -19,7 +19,8 @@ from typing import Any
 
 import reasoning_gym
 
-from rlid.envs.base import PUZZLE_STRIDE, MenuEnvironment, check_bool, check_int, check_range, first_usable, puzzle_index
+from rlid.envs.base import (PUZZLE_STRIDE, MenuEnvironment, check_bool, check_fraction, check_int, check_range,
+                            first_usable, puzzle_index)
 
 Cell = tuple[int, int]  # (row, column), 0-based from the top left
 DIRECTIONS: dict[str, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -152,7 +153,9 @@ def shortest_solution(board: Board, max_moves: int, limit: int = SEARCH_LIMIT) -
 @dataclass(frozen=True)
 class SokobanOptions:
     """Board size (width and height, border walls included), boxes, the generator's A* depth bound
-    (`max_depth`), the episode length `max_steps`, `only_solvable` and `end_on_deadlock`."""
+    (`max_depth`), the episode length `max_steps`, `only_solvable`, `end_on_deadlock` and
+    `reach_shaping` (a failed episode's reward for its moves that kept the board solvable;
+    `MenuEnvironment`)."""
 
     min_size: int = 5
     max_size: int = 6
@@ -162,6 +165,7 @@ class SokobanOptions:
     max_steps: int = 20
     only_solvable: bool = True
     end_on_deadlock: bool = False
+    reach_shaping: float = 0.0
 
     def validate(self) -> None:
         check_int("min_size", self.min_size, 5, 10)
@@ -174,6 +178,7 @@ class SokobanOptions:
         check_int("max_steps", self.max_steps, 1, 500)
         check_bool("only_solvable", self.only_solvable)
         check_bool("end_on_deadlock", self.end_on_deadlock)
+        check_fraction("reach_shaping", self.reach_shaping)
 
 
 class SokobanEnv(MenuEnvironment):
@@ -188,6 +193,7 @@ class SokobanEnv(MenuEnvironment):
         self.options.validate()
         o = self.options
         self.max_steps = o.max_steps
+        self.reach_shaping = float(o.reach_shaping)
         self._dataset = reasoning_gym.create_dataset(
             "sokoban", size=PUZZLE_STRIDE, seed=0, min_w=o.min_size, max_w=o.max_size, min_h=o.min_size,
             max_h=o.max_size, min_boxes=o.min_boxes, max_boxes=o.max_boxes, max_depth=o.max_depth)
@@ -232,7 +238,7 @@ class SokobanEnv(MenuEnvironment):
     def _stuck(self) -> bool:
         if not self._legal():
             return True
-        return self.options.end_on_deadlock and not self.solvable_within(self.steps_left)
+        return self.options.end_on_deadlock and not self.alive()
 
     def solvable_within(self, moves: int) -> bool:
         return shortest_solution(self.board, moves) is not None
