@@ -136,8 +136,10 @@ def lockstep(make_env: Callable[[], Environment], act: Act, seeds: Sequence[int]
     """Roll out one episode per seed, all live episodes stepped together: one `act` call per round
     over their states; `act` returns (menu index or None, payload) per state. None = invalid: reward
     `invalid_reward`, the env does not move, it counts as a step (`Transition.action` = −1).
-    An episode ends when a step says done or after `env.max_steps` steps. Returns the episodes and
-    the payloads per episode in transition order."""
+    An episode ends when a step says done or after `env.max_steps` steps; one cut short that way
+    (only invalid steps make that possible) also gets the env's `failure_reward()` where it has one,
+    so a shaped reward is paid whichever way a failed episode ends. Returns the episodes and the
+    payloads per episode in transition order."""
     envs = [make_env() for _ in seeds]
     episodes = []
     for env, seed in zip(envs, seeds):
@@ -156,6 +158,9 @@ def lockstep(make_env: Callable[[], Environment], act: Act, seeds: Sequence[int]
                 result = StepResult(invalid_reward, False, info={"invalid": True})
             else:
                 result = envs[i].step(index)
+            cut = not result.done and len(ep.transitions) + 1 >= envs[i].max_steps
+            if cut and (failure_reward := getattr(envs[i], "failure_reward", None)) is not None:
+                result = dataclasses.replace(result, reward=result.reward + failure_reward())
             ep.transitions.append(Transition(state, -1 if index is None else index, result))
             payloads[i].append(payload)
             ep.success = ep.success or (result.done and result.success)

@@ -405,3 +405,21 @@ def test_run_episodes_first_action_policy_and_bad_policies():
         run_episodes(lambda: make_env("arc_1d"), lambda s: [0], [0, 1])
     with pytest.raises(ValueError):
         run_episode(make_env("arc_1d"), lambda s: ["A"], 0)
+
+
+def test_a_rollout_cut_short_by_invalid_steps_still_gets_the_shaped_failure_reward():
+    from rlid.train_loop import lockstep
+
+    class Puzzle(CountdownEnv):
+        def reset(self, seed):
+            self.reset_to([3, 4, 5], 12)
+
+    make = lambda: Puzzle(CountdownOptions(max_numbers=3, reach_shaping=0.5))  # noqa: E731 (max_steps 2)
+
+    def act(states):  # a keeping move, then unparsable text
+        return [(states[0].actions.index("3 + 4 = 7") if "3 + 4 = 7" in states[0].actions else None, None)]
+
+    (episode,), _ = lockstep(make, act, [0], invalid_reward=-0.1)
+    rewards = [t.result.reward for t in episode.transitions]
+    assert rewards == [0.0, pytest.approx(-0.1 + 0.5 * 1 / 2)]
+    assert episode.invalid == 1 and not episode.success

@@ -143,6 +143,11 @@ class MenuEnvironment:
         start = max(0, len(self._moves) - k)
         return "\n".join(self._memory_line(n) for n in range(start, len(self._moves)))
 
+    def failure_reward(self) -> float:
+        """What a failed episode earns if it ends now (for a rollout cut short by steps that did not
+        move the environment, e.g. a token policy's unparsable actions)."""
+        return self._final_reward(False)
+
     def alive(self) -> bool:
         """`solvable()` of the current state, computed at most once per step."""
         if self._alive is None or self._alive[0] != len(self._moves):
