@@ -155,7 +155,6 @@ def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
 
 
 def _evaluate_ensemble(cfg: RlidConfig):
-    from rlid.ensemble import DecisionEnsemble
     from rlid.evaluate import evaluate_policy
 
     e = cfg.ensemble
@@ -165,14 +164,56 @@ def _evaluate_ensemble(cfg: RlidConfig):
     if len(adapters) != len(e["members"]):
         raise ConfigError(f"{cfg.source}: ensemble.adapters needs one entry (a folder or null) per member")
     models = [_decision_model(cfg, _member(cfg, name, _ensemble_adapter(cfg, a))[0]) for name, a in zip(e["members"], adapters)]
-    ens = DecisionEnsemble(models, e.get("weights"), lead=e.get("lead", 0), threshold=e.get("threshold", 0.5),
-                           rule=e.get("rule", "mixture"))
-    result = evaluate_policy(ens, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
-    result.extra.update(consult_rate=ens.counts.consult_rate, consulted=ens.counts.consulted, members=e["members"])
+    setting, dev = e, None
+    if e.get("dev"):
+        setting, dev = _choose_on_dev(cfg, models)
+    if setting.get("alone") is not None:                   # dev chose one member alone
+        policy, ens = models[setting["alone"]], None
+    else:
+        policy = ens = _fused(models, setting)
+    result = evaluate_policy(policy, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+    result.extra.update(consult_rate=ens.counts.consult_rate if ens else 0.0, consulted=ens.counts.consulted if ens else 0,
+                        members=e["members"], setting={k: v for k, v in setting.items() if k in SETTING_KEYS + ("alone",)})
+    if dev is not None:
+        result.extra["dev"] = dev
     for name, model in zip(e["members"], models):          # each member alone, same seeds
         alone = evaluate_policy(model, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
         result.extra[f"alone:{name}"] = alone.successes
     return result
+
+
+SETTING_KEYS = ("weights", "lead", "threshold", "rule")
+
+
+def _fused(models, setting: dict[str, Any]):
+    from rlid.ensemble import DecisionEnsemble
+
+    return DecisionEnsemble(models, setting.get("weights"), lead=setting.get("lead", 0),
+                            threshold=setting.get("threshold", 0.5), rule=setting.get("rule", "mixture"))
+
+
+def _choose_on_dev(cfg: RlidConfig, models) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each member alone, then each `ensemble.dev.candidates` setting, on the dev seeds (greedy);
+    the best by successes (`rlid.ensemble.pick_on_dev`: a tie keeps the earlier, so a single member
+    wins ties). Returns the chosen setting ({"alone": m} for a member) and the dev table."""
+    from eval.rlid_config import seed_range
+    from rlid.ensemble import pick_on_dev
+    from rlid.evaluate import evaluate_policy
+
+    e = cfg.ensemble
+    seeds = seed_range(e["dev"].get("seeds"), (5_000, 50))
+    tried: list[tuple[str, dict[str, Any], Any]] = [(f"member {m} alone ({name})", {"alone": m}, models[m])
+                                                     for m, name in enumerate(e["members"])]
+    for i, c in enumerate(e["dev"].get("candidates") or []):
+        tried.append((f"candidate {i}: " + ", ".join(f"{k} {c[k]}" for k in SETTING_KEYS if k in c), c, _fused(models, c)))
+    scores = []
+    for name, _, policy in tried:
+        res = evaluate_policy(policy, cfg.make_env(), seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+        scores.append((name, sum(res.successes)))
+        print(f"dev {name}: {int(sum(res.successes))} / {len(seeds)} solved", flush=True)
+    chosen = pick_on_dev(scores)
+    setting = next(s for name, s, _ in tried if name == chosen)
+    return setting, {"seeds": [seeds.start, seeds.stop], "scores": dict(scores), "chosen": chosen}
 
 
 def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ baseline under the same budget, held-out evaluation seeds, and distillation.
     eval: {seeds: {start: 100000, count: 100}}
     distill: {epochs: 2, lr: 2e-4}
     ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
+    # or chosen on dev seeds among each member alone and these settings (disjoint from eval seeds):
+    #   ensemble: {members: [...], dev: {seeds: {start: 5000, count: 50}, candidates: [{lead: 1, weights: [1, 3]}, ...]}}
 
 Every `train` key other than `seeds` is a `rlid.train_loop.TrainConfig` field (checked there);
 `train_seeds`/`out_dir` are set from `seeds`/`output_path`. Train and eval seed ranges must not overlap.
@@ -24,6 +26,8 @@ from eval.config import read_yaml
 from eval.schema import Field, validate
 
 SEEDS = Field((dict,), fields={"start": Field((int,), required=True), "count": Field((int,), required=True)})
+SETTING = {"weights": Field((list,), item=Field((float,))), "lead": Field((int,)), "threshold": Field((float,)),
+           "rule": Field((str,), choices=("mixture", "product"))}   # one fused policy (rlid.ensemble.DecisionEnsemble)
 SCHEMA: dict[str, Field] = {
     "description": Field((str,)),
     "output_path": Field((str,), required=True),
@@ -40,10 +44,10 @@ SCHEMA: dict[str, Field] = {
     "distill": Field((dict,), fields={"epochs": Field((int,)), "lr": Field((float,)), "batch_size": Field((int,)),
                                       "seeds": SEEDS, "only_successful": Field((bool,)), "lora": Field((dict,))}),
     "ensemble": Field((dict,), fields={"members": Field((list,), required=True, item=Field((str,))),
-                                       "weights": Field((list,), item=Field((float,))),
-                                       "lead": Field((int,)), "threshold": Field((float,)),
-                                       "rule": Field((str,), choices=("mixture", "product")),
-                                       "adapters": Field((list,), item=Field((str, type(None))))}),
+                                       **SETTING,
+                                       "adapters": Field((list,), item=Field((str, type(None)))),
+                                       "dev": Field((dict,), fields={"seeds": SEEDS,
+                                                                     "candidates": Field((list,), item=Field((dict,), fields=SETTING))})}),
 }
 
 
@@ -103,6 +107,7 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
     if set(train_seeds) & set(eval_seeds):
         raise ConfigError(f"{source}: train seeds {train_seeds.start}..{train_seeds.stop - 1} overlap eval seeds "
                           f"{eval_seeds.start}..{eval_seeds.stop - 1}; held-out seeds must be disjoint")
+    _check_ensemble(data.get("ensemble"), eval_seeds, source)
     env = data["env"]
     from rlid.envs import ENVIRONMENTS, make_env
 
@@ -124,6 +129,24 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
     except ConfigError as exc:
         raise ConfigError(f"{source}: train: {exc}") from None
     return cfg
+
+
+def _check_ensemble(e: dict[str, Any] | None, eval_seeds: range, source: str) -> None:
+    """Leads inside the member list, one weight per member, dev seeds disjoint from the eval seeds."""
+    if not e:
+        return
+    n = len(e["members"])
+    dev = e.get("dev") or {}
+    for where, setting in [("ensemble", e)] + [(f"ensemble.dev.candidates[{i}]", c) for i, c in enumerate(dev.get("candidates") or [])]:
+        if not 0 <= setting.get("lead", 0) < n:
+            raise ConfigError(f"{source}: {where}.lead {setting['lead']} is not a member index (0..{n - 1})")
+        if setting.get("weights") is not None and len(setting["weights"]) != n:
+            raise ConfigError(f"{source}: {where}.weights needs one weight per member ({n}), got {setting['weights']}")
+    if dev:
+        dev_seeds = seed_range(dev.get("seeds"), (5_000, 50))
+        if set(dev_seeds) & set(eval_seeds):
+            raise ConfigError(f"{source}: ensemble.dev seeds {dev_seeds.start}..{dev_seeds.stop - 1} overlap the eval "
+                              f"seeds; choose dev seeds outside {eval_seeds.start}..{eval_seeds.stop - 1}")
 
 
 def load_rlid(path: str | Path) -> RlidConfig:

@@ -52,6 +52,11 @@ def table(folder: Path) -> str:
     if ens:
         lines += ["", f"Ensemble of {', '.join(ens['members'])}: the gate consulted the others on "
                       f"{ens['consulted']} of {ens['decisions']} decisions ({ens['consult_rate']:.0%})."]
+        if ens.get("dev"):
+            dev = ens["dev"]
+            tried = "; ".join(f"{name} {score:g}" for name, score in dev["scores"].items())
+            lines.append(f"Chosen on dev seeds {dev['seeds'][0]}..{dev['seeds'][1] - 1}: **{dev['chosen']}** "
+                         f"(solved: {tried}).")
         for key, alone in ens.items():
             if key.startswith("alone:"):
                 lines.append(f"- vs {key[6:]} alone ({100 * sum(alone) / len(alone):.1f} %): "

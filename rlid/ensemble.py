@@ -83,3 +83,12 @@ class DecisionEnsemble:
                           for m in range(len(self.members))]
             out[i] = OptionLaw(fuse_log_probs(per_member, self.weights, self.rule), lead_laws[i].labels)
         return out
+
+
+def pick_on_dev(scores: Sequence[tuple[str, float]]) -> str:
+    """The name with the highest dev score; a tie goes to the one listed first (callers list each
+    member alone first, so an ensemble must beat every single member on dev to be chosen)."""
+    if not scores:
+        raise ValueError("pick_on_dev needs at least one (name, score)")
+    best = max(score for _, score in scores)
+    return next(name for name, score in scores if score == best)

@@ -71,3 +71,42 @@ def test_bad_configs_are_one_line_errors(tmp_path, model_dir, capsys):
     config, _ = write_config(tmp_path / "x", model_dir) if (tmp_path / "x").mkdir() is None else (None, None)
     assert main(["rlid", "distill", config]) == 2
     assert "no trained decision model" in capsys.readouterr().err
+
+
+def test_ensemble_chosen_on_dev_seeds(tmp_path, model_dir):
+    """Each member alone and each candidate run on the dev seeds; a tie keeps the single member
+    (listed first), so here (two copies of one model) member 0 alone is chosen and evaluated."""
+    ensemble = {"members": [model_dir, model_dir], "threshold": 1.0,
+                "dev": {"seeds": {"start": 5000, "count": 3}, "candidates": [{"lead": 1, "weights": [1.0, 3.0]}]}}
+    config, out = write_config(tmp_path, model_dir, ensemble=ensemble)
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 0
+    ens = json.loads((out / "eval" / "ensemble.json").read_text())
+    dev = ens["dev"]
+    assert dev["seeds"] == [5000, 5003]
+    assert list(dev["scores"]) == [f"member 0 alone ({model_dir})", f"member 1 alone ({model_dir})",
+                                   "candidate 0: weights [1.0, 3.0], lead 1"]
+    assert len(set(dev["scores"].values())) == 1 and dev["chosen"] == f"member 0 alone ({model_dir})"
+    assert ens["setting"] == {"alone": 0} and ens["consulted"] == 0
+
+
+def test_pick_on_dev_takes_the_best_and_the_first_of_a_tie():
+    from rlid.ensemble import pick_on_dev
+
+    assert pick_on_dev([("a", 3), ("b", 5), ("c", 5)]) == "b"
+    assert pick_on_dev([("alone", 4), ("fused", 4)]) == "alone"
+    with pytest.raises(ValueError):
+        pick_on_dev([])
+
+
+@pytest.mark.parametrize("ensemble, needle", [
+    ({"lead": 2}, "lead 2 is not a member index"),
+    ({"weights": [1.0]}, "one weight per member"),
+    ({"dev": {"seeds": {"start": 1000, "count": 5}}}, "overlap the eval seeds"),
+    ({"dev": {"candidates": [{"lead": 5}]}}, "candidates[0].lead 5"),
+    ({"dev": {"candidates": [{"rule": "vote"}]}}, "rule"),
+])
+def test_bad_ensemble_settings_are_one_line_errors(tmp_path, model_dir, capsys, ensemble, needle):
+    config, _ = write_config(tmp_path, model_dir, ensemble={"members": [model_dir, model_dir], **ensemble})
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
