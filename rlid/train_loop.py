@@ -31,7 +31,9 @@ from rlid.rollout import decision_state
 from rlid.types import DecisionState, Environment, Episode, StepResult, Transition
 
 TIME_FIELDS = ("wall_s", "rollout_s", "update_s", "decisions_per_s")
-RESUMABLE_FIELDS = ("max_steps", "max_wall_s", "progress", "checkpoint_every", "keep_checkpoints")
+# settings a resumed run may change: budgets, bookkeeping, and `rescore_batch` (a memory knob: the
+# chunks' gradients add up to the same one; only float rounding follows the chunking)
+RESUMABLE_FIELDS = ("max_steps", "max_wall_s", "progress", "checkpoint_every", "keep_checkpoints", "rescore_batch")
 LOG, CONFIG, CHECKPOINTS = "log.jsonl", "config.json", "checkpoints"
 
 
@@ -42,7 +44,7 @@ class TrainConfig:
     episode's) or "baseline" (per-decision returns, `reward_to_go` or not, minus a running mean);
     AdamW on the LoRA parameters; KL(π ‖ π_ref) weight `beta`; entropy bonus `entropy_coef`.
     Budget: `max_steps` and/or `max_wall_s` (time spent in steps, summed over resumes).
-    `rescore_batch`: decisions per forward-with-grad (None: all in one; the
+    `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
     activations of a real model's batch of long prompts are what fills memory). `invalid_penalty`: the
     token-level reward of an unparsable action (the state stays; it counts as a step)."""
 
@@ -299,6 +301,8 @@ class TrainerBase:
         cfg_path, fingerprint = self.out_dir / CONFIG, {"kind": self.kind, **self.config.fingerprint()}
         if cfg_path.exists():
             saved = json.loads(cfg_path.read_text(encoding="utf-8"))
+            for name in RESUMABLE_FIELDS:   # an older run's config.json may still list them
+                saved.pop(name, None)
             if saved != fingerprint:
                 diff = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
                 raise ConfigError(f"{self.out_dir} holds a run with other settings ({', '.join(diff)}); "
