@@ -13,6 +13,7 @@ baseline under the same budget, held-out evaluation seeds, and distillation.
     #   ensemble: {members: [...], dev: {seeds: {start: 5000, count: 50}, candidates: [{lead: 1, weights: [1, 3]}, ...]}}
 
 Every `train` key other than `seeds` is a `rlid.train_loop.TrainConfig` field (checked there);
+`train.decision` / `train.token` hold settings for one plane only (e.g. `{exact_last_move: true}`);
 `train_seeds`/`out_dir` are set from `seeds`/`output_path`. Train and eval seed ranges must not overlap.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from eval.config import read_yaml
 from eval.schema import Field, validate
 
 SEEDS = Field((dict,), fields={"start": Field((int,), required=True), "count": Field((int,), required=True)})
+PLANE_KEYS = ("decision", "token")  # train.<plane>: settings of one plane's run only
 SETTING = {"weights": Field((list,), item=Field((float,))), "lead": Field((int,)), "threshold": Field((float,)),
            "rule": Field((str,), choices=("mixture", "product"))}   # one fused policy (rlid.ensemble.DecisionEnsemble)
 SCHEMA: dict[str, Field] = {
@@ -85,7 +87,11 @@ class RlidConfig:
         """The `TrainConfig` of one plane's run (its folder: output_path/<plane>)."""
         from rlid.train_loop import TrainConfig
 
-        d = {**self.train, "train_seeds": tuple(self.train_seeds), "seed": self.seed, "memory_k": self.memory_k,
+        shared = {k: v for k, v in self.train.items() if k not in PLANE_KEYS}
+        own = self.train.get(plane) or {}
+        if not isinstance(own, dict):
+            raise ConfigError(f"train.{plane} must be a mapping of training settings for that plane, got {own!r}")
+        d = {**shared, **own, "train_seeds": tuple(self.train_seeds), "seed": self.seed, "memory_k": self.memory_k,
              "out_dir": str(self.output_path / plane), **overrides}
         return TrainConfig.from_dict(d)
 
@@ -123,11 +129,13 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
                      train_seeds=train_seeds, eval_seeds=eval_seeds, eval_greedy=bool(ev.get("greedy", True)),
                      distill=dict(data.get("distill") or {}), ensemble=data.get("ensemble"), raw=data)
     try:
-        cfg.train_config("decision")
+        token = [cfg.train_config(plane) for plane in PLANE_KEYS][1]
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: train: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"{source}: train: {exc}") from None
+    if token.exact_last_move:
+        raise ConfigError(f"{source}: train.exact_last_move is for the decision plane only; move it under train.decision")
     return cfg
 
 

@@ -2,6 +2,9 @@
 
 Decision plane (π a small categorical over each state's menu, so KL and entropy are exact sums):
   loss = −(1/N) Σ_n A_n log π(a_n | s_n) + β (1/N) Σ_n KL(π_n ‖ π_ref,n) − c (1/N) Σ_n H(π_n),
+  where a row n given option values V_n (a last move whose every option's reward is known) uses the
+  exact expectation over its menu instead: −Σ_a π(a | s_n) V_n(a), whose gradient is
+  E_{a~π}[V_n(a) ∇log π(a | s_n)] — the sampled term's mean, with no sampling variance.
   KL(π ‖ π_ref) = Σ_a π(a) (log π(a) − log π_ref(a)), H(π) = −Σ_a π(a) log π(a).
 Token level (the action written as text y_1..y_T; the advantage goes to every generated token):
   loss = −(1/N) Σ_n A_n Σ_t log p(y_{n,t}) + β (1/N) Σ_n Σ_t k3_{n,t},
@@ -53,13 +56,20 @@ def decision_pg_loss(log_pi: torch.Tensor,            # [N, M] log π over each 
                      advantages: torch.Tensor,        # [N] advantage of each decision
                      ref_log_pi: torch.Tensor | None = None,  # [N, M] log π_ref, same padding
                      beta: float = 0.0, entropy_coef: float = 0.0, normaliser: int | None = None,
+                     option_values: torch.Tensor | None = None,  # [N, M] V_n(a) (0 padded), rows used where `exact`
+                     exact: torch.Tensor | None = None,          # [N] bool: rows scored by their exact expectation
                      ) -> tuple[torch.Tensor, dict[str, float]]:
     """The decision-plane loss (module docstring) and its parts as floats (means over the N given)."""
     n = log_pi.shape[0]
     norm = float(normaliser if normaliser is not None else n)
     adv = advantages.to(log_pi.dtype)
     chosen = log_pi.gather(1, actions.long().view(-1, 1)).squeeze(1)
-    pg = -(adv * chosen).sum() / norm
+    terms = adv * chosen
+    if option_values is not None and exact is not None:
+        _, _, probs = _masked(log_pi)
+        expected = (probs * option_values.to(log_pi.dtype)).sum(dim=-1)
+        terms = torch.where(exact, expected, terms)
+    pg = -terms.sum() / norm
     loss = pg
     stats = {"pg_loss": float(pg.detach()), "logp_chosen": float(chosen.detach().mean()) if n else 0.0}
     if ref_log_pi is not None:

@@ -3,7 +3,9 @@
 `run_episodes` steps many episodes in lockstep: each call of `policy_fn` is ONE batch over the
 decision states of every episode still running, so a batched decision model does one forward per
 round. Only menu entries are ever executed, so `Episode.invalid` stays 0; a policy that returns a
-wrong number of indices, or an index outside a state's menu, is a bug and raises ValueError."""
+wrong number of indices, or an index outside a state's menu, is a bug and raises ValueError.
+With `last_move_rewards`, each transition that was its episode's last move (an environment with
+`last_move_rewards()`, one move left) also records every option's reward (`Transition.option_rewards`)."""
 from __future__ import annotations
 
 import operator
@@ -40,7 +42,8 @@ def checked_choices(choices: Sequence[int], states: Sequence[DecisionState]) -> 
     return out
 
 
-def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[int], memory_k: int) -> list[Episode]:
+def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[int], memory_k: int,
+              last_move_rewards: bool = False) -> list[Episode]:
     episodes = [Episode(env=env.name, seed=seed) for env, seed in zip(envs, seeds)]
     for env, seed in zip(envs, seeds):
         env.reset(seed)
@@ -50,8 +53,10 @@ def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[
         choices = checked_choices(policy_fn(states), states)
         still = []
         for i, state, choice in zip(live, states, choices):
+            peek = getattr(envs[i], "last_move_rewards", None) if last_move_rewards else None
+            options = peek() if peek is not None else None
             result = envs[i].step(choice)
-            episodes[i].transitions.append(Transition(state=state, action=choice, result=result))
+            episodes[i].transitions.append(Transition(state=state, action=choice, result=result, option_rewards=options))
             if result.done:
                 episodes[i].success = result.success
             elif len(episodes[i].transitions) < envs[i].max_steps:
@@ -66,9 +71,9 @@ def run_episode(env: Environment, policy_fn: PolicyFn, seed: int, memory_k: int 
 
 
 def run_episodes(make_env_fn: Callable[[], Environment], policy_fn: PolicyFn, seeds: Iterable[int],
-                 memory_k: int = 0) -> list[Episode]:
+                 memory_k: int = 0, last_move_rewards: bool = False) -> list[Episode]:
     """One episode per seed (in `seeds` order), each in its own `make_env_fn()` environment, stepped
     in lockstep: every `policy_fn` call is one batch over all episodes still running."""
     seeds = list(seeds)
     envs = [make_env_fn() for _ in seeds]
-    return _lockstep(envs, policy_fn, seeds, memory_k)
+    return _lockstep(envs, policy_fn, seeds, memory_k, last_move_rewards)

@@ -17,10 +17,18 @@ weights (the log's `rescore_gap` is the largest |difference| seen, ~1e-6 from ba
 dropout > 0 the re-score runs in train mode and also differs by the dropout noise). Decisions whose
 advantage is 0 (a group with equal returns) add nothing to the policy-gradient term, so without KL
 or entropy terms they are not re-scored; the loss still divides by all of the step's decisions.
+
+`exact_last_move`: the rollout also records every option's reward at each episode's last move
+(`rlid.rollout.run_episodes(last_move_rewards=True)`); those decisions are scored by the exact
+expectation −Σ_a π(a) V(a), V = option reward / (std of the step's returns) — the mean of what the
+sampled term estimates for that state (GRPO also divides by a std), with no sampling variance.
+Last moves whose options all earn the same reward carry no signal and are skipped.
 """
 from __future__ import annotations
 
 from typing import Callable
+
+import functools
 
 import torch
 
@@ -45,6 +53,7 @@ class DecisionTrainer(TrainerBase):
         super().__init__(policy.member, make_env, config, adapter)
         self.policy, self.rollout = policy, rollout
         self._acted: dict[int, tuple[DecisionState, list[float]]] = {}
+        self._exact: dict[int, tuple[DecisionState, list[float]]] = {}
 
     def choose(self, states: list[DecisionState]) -> list[int]:
         """The rollout's `policy_fn`: sample from π under no_grad, remembering log π of each state."""
@@ -57,9 +66,22 @@ class DecisionTrainer(TrainerBase):
 
     def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[DecisionState]]]:
         """The rollouts (`self.rollout`, lockstep, options drawn by `choose`); payload = the state."""
-        self._acted = {}
-        episodes = self.rollout(self.make_env, self.choose, run_seeds, memory_k=self.config.memory_k)
+        self._acted, self._exact = {}, {}
+        rollout = functools.partial(self.rollout, last_move_rewards=True) if self.config.exact_last_move else self.rollout
+        episodes = rollout(self.make_env, self.choose, run_seeds, memory_k=self.config.memory_k)
+        if self.config.exact_last_move:
+            returns = torch.tensor([ep.total_reward for ep in episodes], dtype=torch.float64)
+            std = float(returns.std()) if len(episodes) > 1 else 0.0
+            scale = 1.0 / (std + 1e-6) if std > 0 else 1.0
+            for ep in episodes:
+                for t in ep.transitions:
+                    if t.option_rewards is not None and max(t.option_rewards) > min(t.option_rewards):
+                        self._exact[id(t.state)] = (t.state, [r * scale for r in t.option_rewards])
         return episodes, [[t.state for t in ep.transitions] for ep in episodes]
+
+    def scores_exactly(self, payload) -> bool:
+        seen = self._exact.get(id(payload))
+        return seen is not None and seen[0] is payload
 
     def _rescore(self, part: list[tuple[DecisionState, int, float]], n: int) -> tuple[dict[str, float], float | None]:
         """Loss of one chunk of decisions (normalised by the step's `n`), backpropagated; its stats
@@ -73,7 +95,18 @@ class DecisionTrainer(TrainerBase):
             with torch.no_grad(), self.adapter.reference():
                 ref = pad_log_probs([law.log_probs for law in self.policy.laws(states)])
         advs = torch.tensor([a for _, _, a in part], dtype=log_pi.dtype)
-        loss, stats = decision_pg_loss(log_pi, actions, advs, ref, c.beta, c.entropy_coef, normaliser=n)
+        values, exact = None, None
+        if self._exact:
+            exact = torch.tensor([self.scores_exactly(s) for s in states])
+            values = torch.zeros_like(log_pi.detach())
+            for row, state in enumerate(states):
+                if exact[row]:
+                    v = self._exact[id(state)][1]
+                    values[row, :len(v)] = torch.tensor(v, dtype=values.dtype)
+        loss, stats = decision_pg_loss(log_pi, actions, advs, ref, c.beta, c.entropy_coef, normaliser=n,
+                                       option_values=values, exact=exact)
+        if exact is not None:
+            stats["exact"] = float(exact.float().mean())
         loss.backward()
         gaps = [abs(float(row[action]) - seen[1][action]) for row, (state, action, _) in zip(log_pi.detach(), part)
                 if (seen := self._acted.get(id(state))) is not None and seen[0] is state]

@@ -44,6 +44,9 @@ class TrainConfig:
     episode's) or "baseline" (per-decision returns, `reward_to_go` or not, minus a running mean);
     AdamW on the LoRA parameters; KL(π ‖ π_ref) weight `beta`; entropy bonus `entropy_coef`.
     Budget: `max_steps` and/or `max_wall_s` (time spent in steps, summed over resumes).
+    `exact_last_move` (decision plane): a last move whose every option's reward the environment can
+    tell (`last_move_rewards()`) is scored by its exact expectation over the menu
+    (`rlid.pg_loss.decision_pg_loss`), its option rewards scaled by 1 / the step's return std.
     `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
     activations of a real model's batch of long prompts are what fills memory). `invalid_penalty`: the
     token-level reward of an unparsable action (the state stays; it counts as a step)."""
@@ -69,6 +72,7 @@ class TrainConfig:
     memory_k: int = 0
     rescore_batch: int | None = 32
     invalid_penalty: float = -0.1
+    exact_last_move: bool = False
     progress: bool = True
     lora: LoraSpec = field(default_factory=LoraSpec)
 
@@ -112,6 +116,8 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for name in RESUMABLE_FIELDS:
             d.pop(name)
+        if not d["exact_last_move"]:   # (runs from before the option have no such key)
+            d.pop("exact_last_move")
         d["train_seeds"] = list(self.train_seeds)
         return json.loads(json.dumps(d))
 
@@ -268,6 +274,10 @@ class TrainerBase:
         """The episodes of `run_seeds` and, per transition, what `_rescore` needs of it."""
         raise NotImplementedError
 
+    def scores_exactly(self, payload: Any) -> bool:
+        """Whether this decision is scored by an exact expectation (so it counts with advantage 0)."""
+        return False
+
     def episode_fields(self, episodes: Sequence[Episode], rollout_s: float) -> dict:
         """The log fields every trainer reports about a step's rollouts."""
         decisions = sum(len(ep.transitions) for ep in episodes)
@@ -357,7 +367,7 @@ class TrainerBase:
         c = self.config
         n = len(items)
         if not (c.beta or c.entropy_coef):
-            items = [it for it in items if it[2] != 0.0]
+            items = [it for it in items if it[2] != 0.0 or self.scores_exactly(it[0])]
         out: dict[str, Any] = {"loss": 0.0, "pg_loss": 0.0, "kl": None, "entropy": None, "logp_chosen": None,
                                "rescored": len(items), "grad_norm": 0.0, "rescore_gap": None}
         if not items:

@@ -80,11 +80,13 @@ class Policy(Protocol):
 
 @dataclass
 class Transition:
-    """One executed decision in a rollout: the state, the chosen menu index, and its result."""
+    """One executed decision in a rollout: the state, the chosen menu index, and its result;
+    `option_rewards`: every option's reward where the rollout asked for them (a last move)."""
 
     state: DecisionState
     action: int
     result: StepResult
+    option_rewards: list[float] | None = None
 
 
 @dataclass

@@ -110,3 +110,18 @@ def test_bad_ensemble_settings_are_one_line_errors(tmp_path, model_dir, capsys, 
     assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+def test_plane_settings_go_to_their_own_plane(tmp_path, model_dir, capsys):
+    from eval.rlid_config import load_rlid
+
+    train = {"seeds": {"start": 0, "count": 8}, "max_steps": 1, "decision": {"exact_last_move": True},
+             "token": {"lr": 0.5}}
+    config, _ = write_config(tmp_path, model_dir, train=train)
+    cfg = load_rlid(config)
+    assert cfg.train_config("decision").exact_last_move and cfg.train_config("decision").lr != 0.5
+    assert not cfg.train_config("token").exact_last_move and cfg.train_config("token").lr == 0.5
+    config, _ = write_config(tmp_path, model_dir, train={**train, "exact_last_move": True})
+    assert main(["rlid", "train", config, "--plane", "decision"]) == 2
+    err = capsys.readouterr().err
+    assert "move it under train.decision" in err and err.count("\n") == 1

@@ -423,3 +423,36 @@ def test_a_rollout_cut_short_by_invalid_steps_still_gets_the_shaped_failure_rewa
     rewards = [t.result.reward for t in episode.transitions]
     assert rewards == [0.0, pytest.approx(-0.1 + 0.5 * 1 / 2)]
     assert episode.invalid == 1 and not episode.success
+
+
+def test_last_move_rewards_are_each_options_reward_and_leave_the_env_alone():
+    env = CountdownEnv(CountdownOptions(reach_shaping=0.5))
+    env.reset_to([3, 4, 5], 12)
+    assert env.last_move_rewards() is None                   # 3 moves left: not a last move
+    env2 = CountdownEnv(CountdownOptions(max_numbers=3, reach_shaping=0.5))  # max_steps 2
+    env2.reset_to([3, 4, 5], 12)
+    pick(env2, "3 + 4 = 7")
+    menu, before = env2.menu(), (env2.numbers, env2.moves, env2.kept)
+    rewards = env2.last_move_rewards()
+    assert (env2.numbers, env2.moves, env2.kept, env2.done) == (*before, False)
+    expected = []
+    for i in range(len(menu)):
+        twin = CountdownEnv(CountdownOptions(max_numbers=3, reach_shaping=0.5))
+        twin.reset_to([3, 4, 5], 12)
+        pick(twin, "3 + 4 = 7")
+        expected.append(twin.step(i).reward)
+    assert rewards == expected and rewards[menu.index("5 + 7 = 12")] == 1.0
+    assert min(rewards) == pytest.approx(0.5 * 1 / 2)         # the failures kept it alive for one move
+
+
+def test_rollout_records_last_move_rewards_only_when_asked():
+    make = lambda: CountdownEnv(CountdownOptions(max_numbers=3, reach_shaping=0.5))  # noqa: E731
+    first = lambda states: [0] * len(states)  # noqa: E731
+    plain = run_episodes(make, first, [0, 1])
+    asked = run_episodes(make, first, [0, 1], last_move_rewards=True)
+    assert all(t.option_rewards is None for ep in plain for t in ep.transitions)
+    for ep in asked:
+        last = ep.transitions[-1]
+        assert [t.option_rewards is not None for t in ep.transitions[:-1]] == [False] * (len(ep.transitions) - 1)
+        if len(ep.transitions) == 2:                          # reached its last move
+            assert last.option_rewards[last.action] == last.result.reward

@@ -529,3 +529,50 @@ def test_decision_trainer_with_the_real_decision_model_learns():
     after = p_right()
     assert after > before + 0.2, (before, after)
     assert all(r["rescore_gap"] is None or r["rescore_gap"] < 1e-4 for r in recs)
+
+
+# ---- exact last moves ---------------------------------------------------------------------------
+def test_exact_rows_have_the_mean_gradient_of_the_sampled_term():
+    """−Σ_a π(a) V(a) has gradient E_{a~π}[−V(a) ∇log π(a)]: the sampled term's mean, enumerated."""
+    theta = torch.tensor([[0.3, -1.0, 0.8, 0.0], [0.1, 0.2, -0.4, float("-inf")]], requires_grad=True)
+    values = torch.tensor([[1.0, 0.0, 2.0, -1.0], [0.5, 0.0, 1.5, 0.0]])
+    advantages, actions = torch.tensor([0.7, -0.2]), torch.tensor([2, 0])
+    exact = torch.tensor([True, False])
+    loss, _ = decision_pg_loss(torch.log_softmax(theta, -1), actions, advantages, option_values=values, exact=exact)
+    (grad,) = torch.autograd.grad(loss, theta)
+    log_pi = torch.log_softmax(theta, -1)
+    probs = log_pi.detach().exp()
+    mean = sum(probs[0, a] * torch.autograd.grad(-values[0, a] * log_pi[0, a] / 2, theta, retain_graph=True)[0]
+               for a in range(4))
+    sampled = torch.autograd.grad(-advantages[1] * log_pi[1, 0] / 2, theta, retain_graph=True)[0]  # row 1 as before
+    assert torch.allclose(grad, mean + sampled, atol=1e-6)
+
+
+class PeekPickEnv(PickEnv):
+    """PickEnv that can tell every option's reward at its one (so last) move."""
+
+    steps_left = 1
+
+    def last_move_rewards(self):
+        return [self.step(i).reward for i in range(3)]
+
+
+def test_exact_last_move_scores_every_last_move_and_learns(tmp_path):
+    pol = decision_policy()
+    states = [decision_state_of(s) for s in range(8)]
+
+    def p_right():
+        with torch.no_grad():
+            return float(torch.stack([law.probs[1] for law in pol.laws(states)]).mean())
+
+    before = p_right()
+    recs = DecisionTrainer(pol, PeekPickEnv, config(max_steps=6, exact_last_move=True)).run()
+    assert all(r["exact"] == 1.0 and r["rescored"] == r["decisions"] for r in recs)  # flat groups too
+    assert p_right() > before + 0.3
+
+
+def test_exact_last_move_is_refused_by_the_token_trainer():
+    from rlid.token_policy import TokenPolicy
+
+    with pytest.raises(ConfigError, match="decision plane"):
+        TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, exact_last_move=True))

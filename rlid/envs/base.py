@@ -2,6 +2,7 @@
 checks, option validation and the seed -> puzzle-index rule. Subclasses say what a state is."""
 from __future__ import annotations
 
+import copy
 import operator
 from dataclasses import fields
 from typing import Any, Callable, TypeVar
@@ -142,6 +143,22 @@ class MenuEnvironment:
             return ""
         start = max(0, len(self._moves) - k)
         return "\n".join(self._memory_line(n) for n in range(start, len(self._moves)))
+
+    def last_move_rewards(self) -> list[float] | None:
+        """The reward of every menu option when this is the episode's last move (one move left, so
+        every option ends it), each executed on a copy of this state; None otherwise."""
+        if self._done or self.steps_left != 1:
+            return None
+        return [self._twin().step(i).reward for i in range(len(self.menu()))]
+
+    def _twin(self) -> "MenuEnvironment":
+        """A copy that can be stepped without touching this one (containers copied, values shared:
+        states are tuples and frozen dataclasses)."""
+        twin = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, (list, dict, set)):
+                setattr(twin, name, copy.copy(value))
+        return twin
 
     def failure_reward(self) -> float:
         """What a failed episode earns if it ends now (for a rollout cut short by steps that did not
