@@ -26,9 +26,8 @@ Last moves whose options all earn the same reward carry no signal and are skippe
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import functools
+from typing import Callable
 
 import torch
 
