@@ -368,17 +368,18 @@ def test_adapter_save_load_roundtrip(tmp_path):
 
 
 # ---- the decision trainer -----------------------------------------------------------------------
+def p_right(pol) -> float:
+    """Mean π("right") over eight PickEnv states."""
+    states = [decision_state_of(s) for s in range(8)]
+    with torch.no_grad():
+        return float(torch.stack([law.probs[1] for law in pol.laws(states)]).mean())
+
+
 def test_decision_trainer_learns_the_good_option(tmp_path):
     pol = decision_policy()
-    states = [decision_state_of(s) for s in range(8)]
-
-    def p_right():
-        with torch.no_grad():
-            return float(torch.stack([law.probs[1] for law in pol.laws(states)]).mean())
-
-    before = p_right()
+    before = p_right(pol)
     recs = DecisionTrainer(pol, PickEnv, config(max_steps=8, out_dir=str(tmp_path))).run()
-    after = p_right()
+    after = p_right(pol)
     assert after > before + 0.3, (before, after)
     assert recs[-1]["reward_mean"] > recs[0]["reward_mean"]
     lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -559,16 +560,10 @@ class PeekPickEnv(PickEnv):
 
 def test_exact_last_move_scores_every_last_move_and_learns(tmp_path):
     pol = decision_policy()
-    states = [decision_state_of(s) for s in range(8)]
-
-    def p_right():
-        with torch.no_grad():
-            return float(torch.stack([law.probs[1] for law in pol.laws(states)]).mean())
-
-    before = p_right()
+    before = p_right(pol)
     recs = DecisionTrainer(pol, PeekPickEnv, config(max_steps=6, exact_last_move=True)).run()
     assert all(r["exact"] == 1.0 and r["rescored"] == r["decisions"] for r in recs)  # flat groups too
-    assert p_right() > before + 0.3
+    assert p_right(pol) > before + 0.3
 
 
 def test_exact_last_move_is_refused_by_the_token_trainer():
