@@ -134,8 +134,9 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
         raise ConfigError(f"{source}: train: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"{source}: train: {exc}") from None
-    if token.exact_last_move:
-        raise ConfigError(f"{source}: train.exact_last_move is for the decision plane only; move it under train.decision")
+    for name in ("exact_last_move", "shuffle_menus"):
+        if getattr(token, name):
+            raise ConfigError(f"{source}: train.{name} is for the decision plane only; move it under train.decision")
     return cfg
 
 

@@ -34,9 +34,10 @@ class TokenTrainer(TrainerBase):
         if config.entropy_coef:
             raise ConfigError("entropy_coef is for the decision plane (an exact menu entropy); the token-level "
                               "trainer has none: set entropy_coef: 0")
-        if config.exact_last_move:
-            raise ConfigError("exact_last_move is for the decision plane (an expectation over the menu law); the "
-                              "token-level trainer has no menu law: set it under train.decision")
+        if config.exact_last_move or config.shuffle_menus:
+            name = "exact_last_move" if config.exact_last_move else "shuffle_menus"
+            raise ConfigError(f"{name} is for the decision plane (it works on the labelled menu); the token-level "
+                              "trainer has none: set it under train.decision")
         super().__init__(policy.member, make_env, config, adapter)
         self.policy = policy
 

@@ -26,6 +26,7 @@ Last moves whose options all earn the same reward carry no signal and are skippe
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -53,19 +54,37 @@ class DecisionTrainer(TrainerBase):
         self.policy, self.rollout = policy, rollout
         self._acted: dict[int, tuple[DecisionState, list[float]]] = {}
         self._exact: dict[int, tuple[DecisionState, list[float]]] = {}
+        self._perm: dict[int, tuple[DecisionState, list[int], DecisionState]] = {}
 
     def choose(self, states: list[DecisionState]) -> list[int]:
-        """The rollout's `policy_fn`: sample from π under no_grad, remembering log π of each state."""
+        """The rollout's `policy_fn`: sample from π under no_grad, remembering log π of each state.
+        With `shuffle_menus` each state is shown with its menu in a fresh random order (drawn from
+        the run's generator) and the sampled position is mapped back to the environment's index."""
+        shown = [self._shuffle(s) if self.config.shuffle_menus else s for s in states]
         with torch.no_grad():
-            laws = self.policy.laws(states)
-        chosen = pick(laws, greedy=False, generator=self.generator)
-        for state, law in zip(states, laws):
-            self._acted[id(state)] = (state, law.log_probs.detach().tolist())
+            laws = self.policy.laws(shown)
+        picked = pick(laws, greedy=False, generator=self.generator)
+        chosen = []
+        for state, law, j in zip(states, laws, picked):
+            self._acted[id(state)] = (state, law.log_probs.detach().tolist())   # in the order shown
+            perm = self._view(state)[1]
+            chosen.append(perm[j] if perm is not None else j)
         return chosen
+
+    def _shuffle(self, state: DecisionState) -> DecisionState:
+        perm = torch.randperm(len(state.actions), generator=self.generator).tolist()
+        view = dataclasses.replace(state, actions=tuple(state.actions[i] for i in perm))
+        self._perm[id(state)] = (state, perm, view)
+        return view
+
+    def _view(self, state: DecisionState) -> tuple[DecisionState, list[int] | None]:
+        """The state as the policy saw it and the permutation (shown position -> env index), or None."""
+        seen = self._perm.get(id(state))
+        return (seen[2], seen[1]) if seen is not None and seen[0] is state else (state, None)
 
     def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[DecisionState]]]:
         """The rollouts (`self.rollout`, lockstep, options drawn by `choose`); payload = the state."""
-        self._acted, self._exact = {}, {}
+        self._acted, self._exact, self._perm = {}, {}, {}
         rollout = functools.partial(self.rollout, last_move_rewards=True) if self.config.exact_last_move else self.rollout
         episodes = rollout(self.make_env, self.choose, run_seeds, memory_k=self.config.memory_k)
         if self.config.exact_last_move:
@@ -86,27 +105,29 @@ class DecisionTrainer(TrainerBase):
         """Loss of one chunk of decisions (normalised by the step's `n`), backpropagated; its stats
         and the largest |log π(a) re-scored − log π(a) at rollout|."""
         c = self.config
+        views = [self._view(s) for s, _, _ in part]            # (shown state, permutation or None)
         states = [s for s, _, _ in part]
-        actions = torch.tensor([a for _, a, _ in part])
-        log_pi = pad_log_probs([law.log_probs for law in self.policy.laws(states)])
+        actions = torch.tensor([perm.index(a) if perm is not None else a for (_, perm), (_, a, _) in zip(views, part)])
+        log_pi = pad_log_probs([law.log_probs for law in self.policy.laws([v for v, _ in views])])
         ref = None
         if c.beta:
             with torch.no_grad(), self.adapter.reference():
-                ref = pad_log_probs([law.log_probs for law in self.policy.laws(states)])
+                ref = pad_log_probs([law.log_probs for law in self.policy.laws([v for v, _ in views])])
         advs = torch.tensor([a for _, _, a in part], dtype=log_pi.dtype)
         values, exact = None, None
         if self._exact:
             exact = torch.tensor([self.scores_exactly(s) for s in states])
             values = torch.zeros_like(log_pi.detach())
-            for row, state in enumerate(states):
+            for row, (state, (_, perm)) in enumerate(zip(states, views)):
                 if exact[row]:
-                    v = self._exact[id(state)][1]
+                    v = self._exact[id(state)][1]                 # in the environment's order
+                    v = [v[i] for i in perm] if perm is not None else v
                     values[row, :len(v)] = torch.tensor(v, dtype=values.dtype)
         loss, stats = decision_pg_loss(log_pi, actions, advs, ref, c.beta, c.entropy_coef, normaliser=n,
                                        option_values=values, exact=exact)
         if exact is not None:
             stats["exact"] = float(exact.float().mean())
         loss.backward()
-        gaps = [abs(float(row[action]) - seen[1][action]) for row, (state, action, _) in zip(log_pi.detach(), part)
+        gaps = [abs(float(row[action]) - seen[1][action]) for row, state, action in zip(log_pi.detach(), states, actions.tolist())
                 if (seen := self._acted.get(id(state))) is not None and seen[0] is state]
         return stats, max(gaps) if gaps else None

@@ -47,6 +47,8 @@ class TrainConfig:
     `exact_last_move` (decision plane): a last move whose every option's reward the environment can
     tell (`last_move_rewards()`) is scored by its exact expectation over the menu
     (`rlid.pg_loss.decision_pg_loss`), its option rewards scaled by 1 / the step's return std.
+    `shuffle_menus` (decision plane): rollouts show each menu in a fresh random order, so a
+    preference for a label or a position earns nothing and only what the options say can be learned.
     `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
     activations of a real model's batch of long prompts are what fills memory). `invalid_penalty`: the
     token-level reward of an unparsable action (the state stays; it counts as a step)."""
@@ -73,6 +75,7 @@ class TrainConfig:
     rescore_batch: int | None = 32
     invalid_penalty: float = -0.1
     exact_last_move: bool = False
+    shuffle_menus: bool = False
     progress: bool = True
     lora: LoraSpec = field(default_factory=LoraSpec)
 
@@ -116,8 +119,9 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for name in RESUMABLE_FIELDS:
             d.pop(name)
-        if not d["exact_last_move"]:   # (runs from before the option have no such key)
-            d.pop("exact_last_move")
+        for name in ("exact_last_move", "shuffle_menus"):   # (runs from before these options have no such key)
+            if not d[name]:
+                d.pop(name)
         d["train_seeds"] = list(self.train_seeds)
         return json.loads(json.dumps(d))
 

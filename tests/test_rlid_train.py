@@ -558,6 +558,18 @@ class PeekPickEnv(PickEnv):
         return [self.step(i).reward for i in range(3)]
 
 
+class PeekOrderEnv(PickEnv):
+    """OrderEnv's rewards, told for every option at its one (so last) move."""
+
+    steps_left = 1
+
+    def step(self, i):
+        return OrderEnv.step(self, i)
+
+    def last_move_rewards(self):
+        return [self.step(i).reward for i in range(3)]
+
+
 def test_exact_last_move_scores_every_last_move_and_learns(tmp_path):
     pol = decision_policy()
     before = p_right(pol)
@@ -571,3 +583,68 @@ def test_exact_last_move_is_refused_by_the_token_trainer():
 
     with pytest.raises(ConfigError, match="decision plane"):
         TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, exact_last_move=True))
+
+
+class OrderEnv(PickEnv):
+    """PickEnv whose paying option is "right" wherever the menu lists it."""
+
+    def step(self, i):
+        return StepResult(1.0 if self.menu()[i] == "right" else 0.0, True, success=self.menu()[i] == "right")
+
+
+def test_shuffled_menus_show_permuted_options_and_map_choices_back(monkeypatch):
+    """Rollout states are shown in random orders; a policy that always picks the option *saying*
+    "right" must then always execute "right" (choices mapped back to the env's index), and the
+    exact last-move values follow the shown order."""
+    pol = decision_policy()
+    real_laws, seen = pol.laws, []
+
+    def laws(states):  # the model's law plus a large bonus on the option that says "right"
+        seen.extend(s.actions for s in states)
+        bonus = [torch.tensor([20.0 if a == "right" else 0.0 for a in s.actions]) for s in states]
+        return [OptionLaw(torch.log_softmax(law.log_probs + b, -1), law.labels) for law, b in zip(real_laws(states), bonus)]
+
+    pol.laws = laws
+    import rlid.train as train_module
+
+    values_seen = []
+    real_loss = train_module.decision_pg_loss
+
+    def loss(log_pi, *args, option_values=None, exact=None, **kw):
+        values_seen.append((log_pi.detach().exp(), option_values))
+        return real_loss(log_pi, *args, option_values=option_values, exact=exact, **kw)
+
+    monkeypatch.setattr(train_module, "decision_pg_loss", loss)
+    recs = DecisionTrainer(pol, PeekOrderEnv, config(max_steps=3, shuffle_menus=True)).run()
+    assert len(set(seen)) > 1 and all(sorted(a) == ["left", "right", "stay"] for a in seen)
+    assert all(r["success_rate"] == 1.0 for r in recs)               # "right" executed every time
+
+    class NearlyRight(PeekOrderEnv):                                  # options pay 1 ("right") or 0.5 / 0
+        def last_move_rewards(self):
+            return [{"left": 0.5, "right": 1.0, "stay": 0.0}[a] for a in self.menu()]
+
+    pol = decision_policy(seed=1)
+    values_seen.clear()
+    chunks: list[list[tuple[str, ...]]] = []                          # the shown menus of each re-scored chunk
+    real_rescore = DecisionTrainer._rescore
+
+    def rescore(self, part, n):
+        chunks.append([self._view(state)[0].actions for state, _, _ in part])
+        return real_rescore(self, part, n)
+
+    monkeypatch.setattr(DecisionTrainer, "_rescore", rescore)
+    DecisionTrainer(pol, NearlyRight, config(max_steps=2, exact_last_move=True, shuffle_menus=True)).run()
+    pay = {"left": 0.5, "right": 1.0, "stay": 0.0}
+    assert len(chunks) == len(values_seen)
+    rows = [(row, shown) for (_, values), chunk in zip(values_seen, chunks) for row, shown in zip(values, chunk)]
+    assert rows and len({shown for _, shown in rows}) > 1
+    for row, shown in rows:                                           # values in the shown order, scaled
+        scale = float(row.max())
+        assert torch.allclose(row, torch.tensor([pay[a] * scale for a in shown]))
+
+
+def test_shuffle_menus_is_refused_by_the_token_trainer():
+    from rlid.token_policy import TokenPolicy
+
+    with pytest.raises(ConfigError, match="shuffle_menus is for the decision plane"):
+        TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, shuffle_menus=True))
