@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from runtime.errors import (AdafuseError, ConfigError, InsufficientMemoryError, ModelNotFetchedError,
-                            TokenizerMismatchError, UnknownModelError)
+from runtime.errors import AdafuseError, ConfigError, InsufficientMemoryError, ModelNotFetchedError, UnknownModelError
 
 MARKER = "adafuse_model.json"
 
@@ -115,19 +114,6 @@ def get_spec(name: str) -> ModelSpec:
         f"unknown model '{name}'{hint}; known models: {', '.join(REGISTRY)} "
         "(or pass a local folder or a hub id)"
     )
-
-
-def check_same_tokenizer(target: str, drafter: str) -> None:
-    """Before anything loads: a drafter must share its target's tokenizer. Two registry names with
-    different tokenizers raise a one-line TokenizerMismatchError; other specs (folders, hub ids) are
-    checked on the loaded tokenizers (`specdec.model_drafter.check_same_tokenizer`)."""
-    if target in REGISTRY and drafter in REGISTRY and REGISTRY[target].tokenizer != REGISTRY[drafter].tokenizer:
-        same = [n for n, s in REGISTRY.items() if s.tokenizer == REGISTRY[target].tokenizer and n != target]
-        hint = (f"use {' or '.join(same)} (same tokenizer) or the model-free 'lookup'" if same else
-                "no other registry model shares it: use the model-free 'lookup'")
-        raise TokenizerMismatchError(
-            f"drafter '{drafter}' ({REGISTRY[drafter].tokenizer}) cannot draft for '{target}' "
-            f"({REGISTRY[target].tokenizer}): a drafter must share its target's tokenizer; {hint}")
 
 
 def is_ready(name: str) -> bool:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_specdec_engine_lossless import K, N, PROMPT, V, chi_square_pvalue, exact_law, sample_law, tv
 
+from runtime.errors import ConfigError
 from runtime.retokenize import IdsOfText, TextOfIds, appended_text, continuation_ids, decode_extension
 from runtime.testing import CORPUS, bpe_tokenizer, char_tokenizer, pieces_tokenizer, tiny_member
 from runtime.sampling import SamplingParams
@@ -286,3 +287,20 @@ def test_real_smollm2_drafts_for_another_tokenizer_greedy_equality(target_name):
     assert res.ids == plain.ids
     tokens, steps = sum(s.tokens for s in res.stats), sum(s.steps for s in res.stats)
     assert tokens / steps > 1.5, tokens / steps
+
+
+def test_registry_drafters_of_another_tokenizer_pass_the_checks_before_loading():
+    """Configs and `adafuse generate` take a registry drafter whose tokenizer differs from its
+    target's (it drafts through text); only a bad spec is refused."""
+    import argparse
+
+    from adafuse.cli_generate import check_args
+    from eval.methods import check_drafter
+
+    for drafter in ("smollm2-135m", "hybrid:smollm2-135m", "smollm2-135m@int8"):
+        check_drafter("qwen2.5-coder-0.5b", drafter)
+    with pytest.raises(ConfigError, match="no drafter kind"):
+        check_drafter("qwen2.5-coder-0.5b", "foo:bar")
+    args = argparse.Namespace(model="qwen2.5-coder-1.5b", drafter="smollm2-135m", members=None, prompt=["x"],
+                              max_new_tokens=8, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    check_args(args)
