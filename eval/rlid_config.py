@@ -134,7 +134,9 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
         raise ConfigError(f"{source}: train: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"{source}: train: {exc}") from None
-    for name in ("exact_last_move", "shuffle_menus"):
+    from rlid.train_loop import DECISION_ONLY
+
+    for name in DECISION_ONLY:
         if getattr(token, name):
             raise ConfigError(f"{source}: train.{name} is for the decision plane only; move it under train.decision")
     return cfg

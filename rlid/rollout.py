@@ -5,7 +5,8 @@ decision states of every episode still running, so a batched decision model does
 round. Only menu entries are ever executed, so `Episode.invalid` stays 0; a policy that returns a
 wrong number of indices, or an index outside a state's menu, is a bug and raises ValueError.
 With `last_move_rewards`, each transition that was its episode's last move (an environment with
-`last_move_rewards()`, one move left) also records every option's reward (`Transition.option_rewards`)."""
+`last_move_rewards()`, one move left) also records every option's reward (`Transition.option_rewards`);
+with `option_values`, every transition records every option's Q* (`env.option_values()`) there."""
 from __future__ import annotations
 
 import operator
@@ -43,7 +44,10 @@ def checked_choices(choices: Sequence[int], states: Sequence[DecisionState]) -> 
 
 
 def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[int], memory_k: int,
-              last_move_rewards: bool = False) -> list[Episode]:
+              last_move_rewards: bool = False, option_values: bool = False) -> list[Episode]:
+    if last_move_rewards and option_values:
+        raise ValueError("ask for last_move_rewards or option_values, not both (option values include last moves)")
+    peek_name = "option_values" if option_values else "last_move_rewards" if last_move_rewards else None
     episodes = [Episode(env=env.name, seed=seed) for env, seed in zip(envs, seeds)]
     for env, seed in zip(envs, seeds):
         env.reset(seed)
@@ -53,7 +57,7 @@ def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[
         choices = checked_choices(policy_fn(states), states)
         still = []
         for i, state, choice in zip(live, states, choices):
-            peek = getattr(envs[i], "last_move_rewards", None) if last_move_rewards else None
+            peek = getattr(envs[i], peek_name, None) if peek_name else None
             options = peek() if peek is not None else None
             result = envs[i].step(choice)
             episodes[i].transitions.append(Transition(state=state, action=choice, result=result, option_rewards=options))
@@ -71,9 +75,9 @@ def run_episode(env: Environment, policy_fn: PolicyFn, seed: int, memory_k: int 
 
 
 def run_episodes(make_env_fn: Callable[[], Environment], policy_fn: PolicyFn, seeds: Iterable[int],
-                 memory_k: int = 0, last_move_rewards: bool = False) -> list[Episode]:
+                 memory_k: int = 0, last_move_rewards: bool = False, option_values: bool = False) -> list[Episode]:
     """One episode per seed (in `seeds` order), each in its own `make_env_fn()` environment, stepped
     in lockstep: every `policy_fn` call is one batch over all episodes still running."""
     seeds = list(seeds)
     envs = [make_env_fn() for _ in seeds]
-    return _lockstep(envs, policy_fn, seeds, memory_k, last_move_rewards)
+    return _lockstep(envs, policy_fn, seeds, memory_k, last_move_rewards, option_values)

@@ -19,7 +19,7 @@ import torch
 from runtime.errors import ConfigError
 from rlid.lora import LoraAdapter
 from rlid.pg_loss import token_pg_loss
-from rlid.train_loop import TrainConfig, TrainerBase, lockstep
+from rlid.train_loop import DECISION_ONLY, TrainConfig, TrainerBase, lockstep
 from rlid.types import DecisionState, Environment, Episode
 
 
@@ -34,10 +34,10 @@ class TokenTrainer(TrainerBase):
         if config.entropy_coef:
             raise ConfigError("entropy_coef is for the decision plane (an exact menu entropy); the token-level "
                               "trainer has none: set entropy_coef: 0")
-        if config.exact_last_move or config.shuffle_menus:
-            name = "exact_last_move" if config.exact_last_move else "shuffle_menus"
-            raise ConfigError(f"{name} is for the decision plane (it works on the labelled menu); the token-level "
-                              "trainer has none: set it under train.decision")
+        for name in DECISION_ONLY:
+            if getattr(config, name):
+                raise ConfigError(f"{name} is for the decision plane (it works on the labelled menu); the token-level "
+                                  "trainer has none: set it under train.decision")
         super().__init__(policy.member, make_env, config, adapter)
         self.policy = policy
 

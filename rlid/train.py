@@ -23,6 +23,8 @@ or entropy terms they are not re-scored; the loss still divides by all of the st
 expectation −Σ_a π(a) V(a), V = option reward / (std of the step's returns) — the mean of what the
 sampled term estimates for that state (GRPO also divides by a std), with no sampling variance.
 Last moves whose options all earn the same reward carry no signal and are skipped.
+`exact_values`: the same at every decision, V = the options' Q* (`env.option_values()`: the
+environment's solvability check as the critic; `rlid.run_episodes(option_values=True)`).
 """
 from __future__ import annotations
 
@@ -85,9 +87,11 @@ class DecisionTrainer(TrainerBase):
     def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[DecisionState]]]:
         """The rollouts (`self.rollout`, lockstep, options drawn by `choose`); payload = the state."""
         self._acted, self._exact, self._perm = {}, {}, {}
-        rollout = functools.partial(self.rollout, last_move_rewards=True) if self.config.exact_last_move else self.rollout
-        episodes = rollout(self.make_env, self.choose, run_seeds, memory_k=self.config.memory_k)
-        if self.config.exact_last_move:
+        c = self.config
+        rollout = (functools.partial(self.rollout, option_values=True) if c.exact_values else
+                   functools.partial(self.rollout, last_move_rewards=True) if c.exact_last_move else self.rollout)
+        episodes = rollout(self.make_env, self.choose, run_seeds, memory_k=c.memory_k)
+        if c.exact_last_move or c.exact_values:
             returns = torch.tensor([ep.total_reward for ep in episodes], dtype=torch.float64)
             std = float(returns.std()) if len(episodes) > 1 else 0.0
             scale = 1.0 / (std + 1e-6) if std > 0 else 1.0

@@ -35,6 +35,7 @@ TIME_FIELDS = ("wall_s", "rollout_s", "update_s", "decisions_per_s")
 # chunks' gradients add up to the same one; only float rounding follows the chunking)
 RESUMABLE_FIELDS = ("max_steps", "max_wall_s", "progress", "checkpoint_every", "keep_checkpoints", "rescore_batch")
 LOG, CONFIG, CHECKPOINTS = "log.jsonl", "config.json", "checkpoints"
+DECISION_ONLY = ("exact_last_move", "exact_values", "shuffle_menus")   # settings of the labelled menu
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class TrainConfig:
     `exact_last_move` (decision plane): a last move whose every option's reward the environment can
     tell (`last_move_rewards()`) is scored by its exact expectation over the menu
     (`rlid.pg_loss.decision_pg_loss`), its option rewards scaled by 1 / the step's return std.
+    `exact_values` (decision plane): every decision is scored so, with the options' Q* from the
+    environment's solvability check (`option_values()`: 1 where the puzzle stays solvable, else
+    what the option earns) — the all-action policy gradient with the environment as its critic.
     `shuffle_menus` (decision plane): rollouts show each menu in a fresh random order, so a
     preference for a label or a position earns nothing and only what the options say can be learned.
     `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
@@ -75,6 +79,7 @@ class TrainConfig:
     rescore_batch: int | None = 32
     invalid_penalty: float = -0.1
     exact_last_move: bool = False
+    exact_values: bool = False
     shuffle_menus: bool = False
     progress: bool = True
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -95,6 +100,8 @@ class TrainConfig:
                               "raise group_size or use advantage 'baseline'")
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.exact_last_move and self.exact_values:
+            raise ConfigError("exact_values already scores every last move exactly; set exact_last_move or exact_values, not both")
         if self.rescore_batch is not None and self.rescore_batch < 1:
             raise ConfigError(f"rescore_batch must be at least 1 (or null), got {self.rescore_batch}")
 
@@ -119,7 +126,7 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for name in RESUMABLE_FIELDS:
             d.pop(name)
-        for name in ("exact_last_move", "shuffle_menus"):   # (runs from before these options have no such key)
+        for name in DECISION_ONLY:   # (runs from before these options have no such key)
             if not d[name]:
                 d.pop(name)
         d["train_seeds"] = list(self.train_seeds)

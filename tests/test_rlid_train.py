@@ -578,11 +578,44 @@ def test_exact_last_move_scores_every_last_move_and_learns(tmp_path):
     assert p_right(pol) > before + 0.3
 
 
+class TwoPickEnv(PickEnv):
+    """Two decisions; only "right" twice solves it, any other move ends the episode unsolved.
+    option_values() tells Q* at both moves (1 for "right" while still alive)."""
+
+    max_steps = 2
+
+    def reset(self, seed):
+        self.seed, self.t, self.ok = seed, 0, True
+
+    def step(self, i):
+        self.t, self.ok = self.t + 1, self.ok and i == 1
+        done = self.t == 2 or not self.ok
+        return StepResult(1.0 if done and self.ok else 0.0, done, success=done and self.ok)
+
+    def option_values(self):
+        return [1.0 if i == 1 else 0.0 for i in range(3)]
+
+
+def test_exact_values_scores_every_decision_and_learns():
+    pol = decision_policy()
+    before = p_right(pol)
+    recs = DecisionTrainer(pol, TwoPickEnv, config(max_steps=6, exact_values=True)).run()
+    assert all(r["exact"] == 1.0 and r["rescored"] == r["decisions"] for r in recs)  # first moves too
+    assert p_right(pol) > before + 0.3
+
+
+def test_exact_values_and_exact_last_move_are_one_choice():
+    with pytest.raises(ConfigError, match="not both"):
+        config(max_steps=1, exact_values=True, exact_last_move=True)
+
+
 def test_exact_last_move_is_refused_by_the_token_trainer():
     from rlid.token_policy import TokenPolicy
 
     with pytest.raises(ConfigError, match="decision plane"):
         TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, exact_last_move=True))
+    with pytest.raises(ConfigError, match="exact_values is for the decision plane"):
+        TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, exact_values=True))
 
 
 class OrderEnv(PickEnv):

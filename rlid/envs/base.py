@@ -151,6 +151,21 @@ class MenuEnvironment:
             return None
         return [self._twin().step(i).reward for i in range(len(self.menu()))]
 
+    def option_values(self) -> list[float] | None:
+        """Q*(s, a) of every menu option under this environment's return, each option executed on a
+        copy: its reward where it ends the episode, else 1.0 if the puzzle can still be solved in the
+        moves left (an optimal continuation then succeeds) and the failure reward if it cannot (a
+        dead end earns no more moves kept). At a last move this is `last_move_rewards()`. Needs
+        `solvable()`; None once the episode is over."""
+        if self._done:
+            return None
+        values = []
+        for i in range(len(self.menu())):
+            twin = self._twin()
+            result = twin.step(i)
+            values.append(result.reward if result.done else (1.0 if twin.alive() else twin.failure_reward()))
+        return values
+
     def _twin(self) -> "MenuEnvironment":
         """A copy that can be stepped without touching this one (containers copied, values shared:
         states are tuples and frozen dataclasses)."""
