@@ -1,18 +1,16 @@
 """RL in the decision plane and the token-level baseline (issue 22): advantages, losses, the toy-bandit
 estimator facts (exact enumeration), LoRA, checkpoints, and both trainers on tiny in-process models,
-with fakes of the decision model and the token policy that follow the contract (rlid_common.md)."""
+with fakes of the decision model and the token policy (`test_rlid_helpers`); the estimators that use
+the menu (exact values, shuffled menus) are in `test_rlid_estimators`."""
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
-from torch import nn
 
 from runtime.errors import ConfigError
-from runtime.prefix_cache import PrefixCache
 from runtime.testing import tiny_member
 from rlid import bandit, checkpoint
 from rlid.advantages import RunningBaseline, decision_returns, group_advantages
@@ -21,162 +19,14 @@ from rlid.pg_loss import decision_pg_loss, k3_kl, menu_entropy, menu_kl, pad_log
 from rlid.token_train import TokenTrainer
 from rlid.train import DecisionTrainer
 from rlid.train_loop import TIME_FIELDS, TrainConfig, step_seeds
-from rlid.types import DecisionState, OptionLaw, StepResult
-
-LETTERS = "ABCDEFGH"
+from test_rlid_helpers import (FakeMember, FakeTokenPolicy, PickEnv, TinyTextLM, WalkEnv, config,
+                               decision_policy, decision_state_of, p_right)
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(one_thread):
     yield
 
-
-# ---- fakes of the other helpers' pieces ---------------------------------------------------------
-class FakeDecisionModel:
-    """A DecisionModel-like policy: one batched, left-padded forward of a tiny llama; π = softmax of
-    the last position's logits at the option letters."""
-
-    def __init__(self, member):
-        self.member = member
-
-    def prompt(self, s: DecisionState) -> str:
-        menu = "".join(f"{L}. {a}\n" for L, a in zip(LETTERS, s.actions))
-        return f"{s.instruction}\n{s.observation}\n{s.memory}\n{menu}Answer:"
-
-    def laws(self, states):
-        tok = self.member.tokenizer
-        ids = [tok.encode(self.prompt(s), add_special_tokens=False) for s in states]
-        width = max(map(len, ids))
-        input_ids = torch.tensor([[tok.pad_token_id] * (width - len(x)) + x for x in ids])
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.member.model(input_ids=input_ids, attention_mask=mask, position_ids=pos).logits[:, -1]
-        out = []
-        for row, s in zip(logits, states):
-            labels = tuple(LETTERS[: len(s.actions)])
-            out.append(OptionLaw(torch.log_softmax(row[tok.convert_tokens_to_ids(list(labels))], -1), labels))
-        return out
-
-
-WORDS = ["left", "right", "jump", "<eos>"]
-BOS = len(WORDS)
-
-
-@dataclass
-class TokenAction:  # the contract's rlid.token_policy.TokenAction
-    text: str
-    index: int | None
-    prompt_ids: list[int]
-    output_ids: list[int]
-
-
-class TinyTextLM(nn.Module):
-    """A bigram word LM over WORDS (+ BOS); `q_proj` is the layer LoRA adapts."""
-
-    def __init__(self, seed: int = 0):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.emb, self.q_proj, self.head = nn.Embedding(BOS + 1, 8), nn.Linear(8, 8), nn.Linear(8, len(WORDS))
-
-    def forward(self, ids):
-        return self.head(torch.tanh(self.q_proj(self.emb(ids))))
-
-
-class FakeMember:
-    def __init__(self, model):
-        self.model, self.prefix_cache = model, PrefixCache()
-
-
-class FakeTokenPolicy:
-    """A TokenPolicy-like policy: writes up to 2 words; the text parses if it is exactly a menu action."""
-
-    def __init__(self, seed: int = 0):
-        self.member = FakeMember(TinyTextLM(seed))
-
-    def act(self, states, greedy, generator):
-        out = []
-        for s in states:
-            ids: list[int] = []
-            for _ in range(2):
-                logits = self.member.model(torch.tensor([[BOS] + ids]))[0, -1]
-                ids.append(int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)))
-                if WORDS[ids[-1]] == "<eos>":
-                    break
-            text = " ".join(WORDS[i] for i in ids if WORDS[i] != "<eos>")
-            out.append(TokenAction(text, s.actions.index(text) if text in s.actions else None, [BOS], ids))
-        return out
-
-    def sequence_log_probs(self, actions):
-        width = max(len(a.output_ids) for a in actions)
-        out = torch.tensor([a.output_ids + [0] * (width - len(a.output_ids)) for a in actions])
-        inp = torch.cat([torch.full((len(actions), 1), BOS), out[:, :-1]], dim=1)
-        mask = torch.tensor([[1.0] * len(a.output_ids) + [0.0] * (width - len(a.output_ids)) for a in actions])
-        logp = torch.log_softmax(self.member.model(inp), -1).gather(2, out[..., None]).squeeze(-1)
-        return (logp * mask).sum(-1)
-
-
-class PickEnv:
-    """One decision: menu left/right/stay; "right" pays 1 and solves it."""
-
-    name, max_steps, instruction = "pick", 1, "Pick the good option."
-
-    def reset(self, seed):
-        self.seed = seed
-
-    def observation(self):
-        return f"Round {self.seed}."
-
-    def menu(self):
-        return ["left", "right", "stay"]
-
-    def step(self, i):
-        return StepResult(1.0 if i == 1 else 0.0, True, success=i == 1)
-
-    def memory(self, k):
-        return ""
-
-    def solvable(self):
-        return True
-
-
-class WalkEnv:
-    """Walk from 0 to 2 on a line within 4 steps (reward 1 at the goal); counts executed steps."""
-
-    name, max_steps, instruction = "walk", 4, "Reach position 2."
-
-    def __init__(self):
-        self.executed = 0
-
-    def reset(self, seed):
-        self.pos, self.seed, self.moves = 0, seed, []
-
-    def observation(self):
-        return f"At {self.pos}, goal 2 (seed {self.seed})."
-
-    def menu(self):
-        return ["left", "right"]
-
-    def step(self, i):
-        self.executed += 1
-        self.pos += 1 if i == 1 else -1
-        self.moves.append(self.menu()[i])
-        return StepResult(1.0 if self.pos == 2 else 0.0, self.pos == 2, success=self.pos == 2)
-
-    def memory(self, k):
-        return " ".join(self.moves[-k:])
-
-    def solvable(self):
-        return True
-
-
-def decision_policy(seed: int = 0) -> FakeDecisionModel:
-    return FakeDecisionModel(tiny_member("llama", seed=seed))
-
-
-def config(**kw) -> TrainConfig:
-    base = dict(train_seeds=tuple(range(8)), seeds_per_step=2, group_size=4, lr=0.02, progress=False,
-                lora=LoraSpec(r=4, alpha=8))
-    return TrainConfig(**{**base, **kw})
 
 
 # ---- advantages and losses: hand cases ----------------------------------------------------------
@@ -313,11 +163,6 @@ def test_fresh_adapter_is_the_reference_then_moves_away():
     assert float(kl().max()) > 1e-4
 
 
-def decision_state_of(seed: int) -> DecisionState:
-    env = PickEnv()
-    env.reset(seed)
-    return DecisionState(env.observation(), tuple(env.menu()), "", env.instruction)
-
 
 def test_a_fresh_adapter_depends_on_its_seed_not_on_the_global_generator():
     # a run is a function of its config: two processes (different global RNG states) that add an
@@ -368,11 +213,6 @@ def test_adapter_save_load_roundtrip(tmp_path):
 
 
 # ---- the decision trainer -----------------------------------------------------------------------
-def p_right(pol) -> float:
-    """Mean π("right") over eight PickEnv states."""
-    states = [decision_state_of(s) for s in range(8)]
-    with torch.no_grad():
-        return float(torch.stack([law.probs[1] for law in pol.laws(states)]).mean())
 
 
 def test_decision_trainer_learns_the_good_option(tmp_path):
@@ -532,152 +372,3 @@ def test_decision_trainer_with_the_real_decision_model_learns():
     assert all(r["rescore_gap"] is None or r["rescore_gap"] < 1e-4 for r in recs)
 
 
-# ---- exact last moves ---------------------------------------------------------------------------
-def test_exact_rows_have_the_mean_gradient_of_the_sampled_term():
-    """−Σ_a π(a) V(a) has gradient E_{a~π}[−V(a) ∇log π(a)]: the sampled term's mean, enumerated."""
-    theta = torch.tensor([[0.3, -1.0, 0.8, 0.0], [0.1, 0.2, -0.4, float("-inf")]], requires_grad=True)
-    values = torch.tensor([[1.0, 0.0, 2.0, -1.0], [0.5, 0.0, 1.5, 0.0]])
-    advantages, actions = torch.tensor([0.7, -0.2]), torch.tensor([2, 0])
-    exact = torch.tensor([True, False])
-    loss, _ = decision_pg_loss(torch.log_softmax(theta, -1), actions, advantages, option_values=values, exact=exact)
-    (grad,) = torch.autograd.grad(loss, theta)
-    log_pi = torch.log_softmax(theta, -1)
-    probs = log_pi.detach().exp()
-    mean = sum(probs[0, a] * torch.autograd.grad(-values[0, a] * log_pi[0, a] / 2, theta, retain_graph=True)[0]
-               for a in range(4))
-    sampled = torch.autograd.grad(-advantages[1] * log_pi[1, 0] / 2, theta, retain_graph=True)[0]  # row 1 as before
-    assert torch.allclose(grad, mean + sampled, atol=1e-6)
-
-
-class PeekPickEnv(PickEnv):
-    """PickEnv that can tell every option's reward at its one (so last) move."""
-
-    steps_left = 1
-
-    def last_move_rewards(self):
-        return [self.step(i).reward for i in range(3)]
-
-
-class PeekOrderEnv(PickEnv):
-    """OrderEnv's rewards, told for every option at its one (so last) move."""
-
-    steps_left = 1
-
-    def step(self, i):
-        return OrderEnv.step(self, i)
-
-    def last_move_rewards(self):
-        return [self.step(i).reward for i in range(3)]
-
-
-def test_exact_last_move_scores_every_last_move_and_learns(tmp_path):
-    pol = decision_policy()
-    before = p_right(pol)
-    recs = DecisionTrainer(pol, PeekPickEnv, config(max_steps=6, exact_last_move=True)).run()
-    assert all(r["exact"] == 1.0 and r["rescored"] == r["decisions"] for r in recs)  # flat groups too
-    assert p_right(pol) > before + 0.3
-
-
-class TwoPickEnv(PickEnv):
-    """Two decisions; only "right" twice solves it, any other move ends the episode unsolved.
-    option_values() tells Q* at both moves (1 for "right" while still alive)."""
-
-    max_steps = 2
-
-    def reset(self, seed):
-        self.seed, self.t, self.ok = seed, 0, True
-
-    def step(self, i):
-        self.t, self.ok = self.t + 1, self.ok and i == 1
-        done = self.t == 2 or not self.ok
-        return StepResult(1.0 if done and self.ok else 0.0, done, success=done and self.ok)
-
-    def option_values(self):
-        return [1.0 if i == 1 else 0.0 for i in range(3)]
-
-
-def test_exact_values_scores_every_decision_and_learns():
-    pol = decision_policy()
-    before = p_right(pol)
-    recs = DecisionTrainer(pol, TwoPickEnv, config(max_steps=6, exact_values=True)).run()
-    assert all(r["exact"] == 1.0 and r["rescored"] == r["decisions"] for r in recs)  # first moves too
-    assert p_right(pol) > before + 0.3
-
-
-def test_exact_values_and_exact_last_move_are_one_choice():
-    with pytest.raises(ConfigError, match="not both"):
-        config(max_steps=1, exact_values=True, exact_last_move=True)
-
-
-def test_exact_last_move_is_refused_by_the_token_trainer():
-    from rlid.token_policy import TokenPolicy
-
-    with pytest.raises(ConfigError, match="decision plane"):
-        TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, exact_last_move=True))
-    with pytest.raises(ConfigError, match="exact_values is for the decision plane"):
-        TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, exact_values=True))
-
-
-class OrderEnv(PickEnv):
-    """PickEnv whose paying option is "right" wherever the menu lists it."""
-
-    def step(self, i):
-        return StepResult(1.0 if self.menu()[i] == "right" else 0.0, True, success=self.menu()[i] == "right")
-
-
-def test_shuffled_menus_show_permuted_options_and_map_choices_back(monkeypatch):
-    """Rollout states are shown in random orders; a policy that always picks the option *saying*
-    "right" must then always execute "right" (choices mapped back to the env's index), and the
-    exact last-move values follow the shown order."""
-    pol = decision_policy()
-    real_laws, seen = pol.laws, []
-
-    def laws(states):  # the model's law plus a large bonus on the option that says "right"
-        seen.extend(s.actions for s in states)
-        bonus = [torch.tensor([20.0 if a == "right" else 0.0 for a in s.actions]) for s in states]
-        return [OptionLaw(torch.log_softmax(law.log_probs + b, -1), law.labels) for law, b in zip(real_laws(states), bonus)]
-
-    pol.laws = laws
-    import rlid.train as train_module
-
-    values_seen = []
-    real_loss = train_module.decision_pg_loss
-
-    def loss(log_pi, *args, option_values=None, exact=None, **kw):
-        values_seen.append((log_pi.detach().exp(), option_values))
-        return real_loss(log_pi, *args, option_values=option_values, exact=exact, **kw)
-
-    monkeypatch.setattr(train_module, "decision_pg_loss", loss)
-    recs = DecisionTrainer(pol, PeekOrderEnv, config(max_steps=3, shuffle_menus=True)).run()
-    assert len(set(seen)) > 1 and all(sorted(a) == ["left", "right", "stay"] for a in seen)
-    assert all(r["success_rate"] == 1.0 for r in recs)               # "right" executed every time
-
-    class NearlyRight(PeekOrderEnv):                                  # options pay 1 ("right") or 0.5 / 0
-        def last_move_rewards(self):
-            return [{"left": 0.5, "right": 1.0, "stay": 0.0}[a] for a in self.menu()]
-
-    pol = decision_policy(seed=1)
-    values_seen.clear()
-    chunks: list[list[tuple[str, ...]]] = []                          # the shown menus of each re-scored chunk
-    real_rescore = DecisionTrainer._rescore
-
-    def rescore(self, part, n):
-        chunks.append([self._view(state)[0].actions for state, _, _ in part])
-        return real_rescore(self, part, n)
-
-    monkeypatch.setattr(DecisionTrainer, "_rescore", rescore)
-    DecisionTrainer(pol, NearlyRight, config(max_steps=2, exact_last_move=True, shuffle_menus=True)).run()
-    pay = {"left": 0.5, "right": 1.0, "stay": 0.0}
-    assert len(chunks) == len(values_seen)
-    rows = [(row, shown) for (_, values), chunk in zip(values_seen, chunks) for row, shown in zip(values, chunk)]
-    assert rows and len({shown for _, shown in rows}) > 1
-    for row, shown in rows:                                           # values in the shown order, scaled
-        scale = float(row.max())
-        assert torch.allclose(row, torch.tensor([pay[a] * scale for a in shown]))
-
-
-def test_shuffle_menus_is_refused_by_the_token_trainer():
-    from rlid.token_policy import TokenPolicy
-
-    with pytest.raises(ConfigError, match="shuffle_menus is for the decision plane"):
-        TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, shuffle_menus=True))
