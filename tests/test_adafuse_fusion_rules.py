@@ -6,16 +6,14 @@ from adafuse.ensemble import Ensemble
 from adafuse.methods.word_level import Candidate, Proposal, Round, round_stats
 from adafuse.methods.word_level.ensembled_word import EnsembledWord
 from runtime.errors import ConfigError
-from runtime.testing import bpe_tokenizer, char_tokenizer
-from test_adafuse_helpers import spacey_member
+from test_adafuse_helpers import spacey_pair
 
 PROMPTS = ["Question: what is 16*16?\nAnswer:", "The quick brown fox"]
 
 
 @pytest.fixture(scope="module")
 def spacey():
-    return (spacey_member("llama", char_tokenizer(), 0, "char-llama", 3.0),
-            spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0))
+    return spacey_pair()
 
 
 def run(members, **kw):

@@ -6,6 +6,7 @@
   gate decisions and choices across members with different tokenizers.
 - `spacey_member(arch, tokenizer, seed)`: a tiny random LM with a bias towards tokens that start with
   whitespace, so it writes short words (random tiny models otherwise never end a word).
+- `spacey_pair()`: a character-level and a BPE spacey member (the usual pair).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Callable
 import torch
 
 from runtime.member import Member
-from runtime.testing import tiny_model
+from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_model
 
 
 class ScriptedLM(torch.nn.Module):
@@ -82,3 +83,9 @@ def spacey_member(arch: str, tokenizer, seed: int, name: str, boost: float = 6.0
                 head.bias[idx] = -20.0  # no early stop: rows run to the length limit
     model.lm_head = head
     return Member(model, tokenizer, name=name)
+
+
+def spacey_pair() -> tuple[Member, Member]:
+    """The tests' usual pair of spacey members with different tokenizers: character-level llama, BPE qwen2."""
+    return (spacey_member("llama", char_tokenizer(), 0, "char-llama", 3.0),
+            spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0))
