@@ -218,6 +218,7 @@ def _choose_on_dev(cfg: RlidConfig, models) -> tuple[dict[str, Any], dict[str, A
 
 def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
     from eval.rlid_report import episode_record, print_table
+    from rlid.evaluate import live_moves
     from runtime.files import write_json_atomic, write_text_atomic
 
     out = cfg.output_path / "eval"
@@ -234,6 +235,7 @@ def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
         if result is None:
             print(f"{which}: nothing to evaluate yet (not trained / not configured)")
             continue
+        result.extra.update(live_moves(cfg.make_env(), result.episodes) or {})   # replayed after the timed rollouts
         write_text_atomic(out / f"{which}.episodes.jsonl", "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
         write_json_atomic(path, {"policy": which, "seeds": [cfg.eval_seeds.start, cfg.eval_seeds.stop],
                                  **result.summary(), "per_seed": result.successes})

@@ -2,7 +2,8 @@
 
 `evaluate_policy` runs a decision-plane `Policy` (a `DecisionModel` or a `DecisionEnsemble`) greedily
 or sampled over seeds in lockstep (`rlid.rollout.run_episodes`); `wilson_interval` and
-`paired_difference` are the intervals the reports print."""
+`paired_difference` are the intervals the reports print; `live_moves` replays episodes to tell how often
+the chosen move kept the puzzle solvable, against the share of such moves in the menus (chance)."""
 from __future__ import annotations
 
 import math
@@ -89,3 +90,33 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], Environment], seeds: 
     with torch.no_grad():
         episodes = run_episodes(make_env, policy_fn, list(seeds), memory_k=memory_k)
     return EvalResult(episodes, time.perf_counter() - start, decisions)
+
+
+def live_moves(make_env: Callable[[], Environment], episodes: Sequence[Episode]) -> dict[str, float] | None:
+    """How often a policy's move kept the puzzle solvable or solved it: `live_moves`, the share of its
+    executed decisions whose option has Q* = 1 (`env.option_values()`), beside `live_chance`, the mean
+    share of such options in the same menus (what a uniformly random choice gets at those states), and
+    `live_decisions`, how many were counted. Each episode is replayed from its seed on a fresh env
+    (invalid token-level steps, which do not move the env, are skipped; moves left are the env's own
+    count). None for an environment without a solvability check."""
+    env = make_env()
+    chosen = chance = 0.0
+    n = 0
+    for ep in episodes:
+        env.reset(ep.seed)
+        for t in ep.transitions:
+            if t.action is None or t.action < 0:
+                continue
+            if tuple(env.menu()) != tuple(t.state.actions):
+                raise RuntimeError(f"{env.name} seed {ep.seed}: the replayed menu differs from the episode's "
+                                   "(the environment is not deterministic)")
+            try:
+                values = env.option_values()
+            except (AttributeError, NotImplementedError):
+                return None
+            live = [v == 1.0 for v in values]
+            chosen += live[t.action]
+            chance += sum(live) / len(live)
+            n += 1
+            env.step(t.action)
+    return {"live_moves": chosen / n, "live_chance": chance / n, "live_decisions": n} if n else None

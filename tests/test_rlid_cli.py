@@ -50,11 +50,13 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     assert results == {"untrained", "untrained-token", "decision", "token", "distill", "ensemble"}
     dec = json.loads((out / "eval" / "decision.json").read_text())
     assert dec["episodes"] == 4 and dec["invalid"] == 0 and len(dec["per_seed"]) == 4
+    assert dec["live_decisions"] == 4 and dec["live_moves"] == pytest.approx(dec["success"])  # ARC-1D: one move
     ens = json.loads((out / "eval" / "ensemble.json").read_text())
     assert ens["consult_rate"] == 1.0                               # threshold 1.0: always consults
     assert main(["rlid", "report", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| decision | 4 |" in text and (out / "learning_curve.png").exists() and (out / "report.md").exists()
+    assert "moves kept solvable % (chance %)" in text and f"{100 * dec['live_moves']:.1f} (" in text
 
 
 def test_bad_configs_are_one_line_errors(tmp_path, model_dir, capsys):
