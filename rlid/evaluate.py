@@ -100,6 +100,8 @@ def live_moves(make_env: Callable[[], Environment], episodes: Sequence[Episode])
     (invalid token-level steps, which do not move the env, are skipped; moves left are the env's own
     count). None for an environment without a solvability check."""
     env = make_env()
+    if not hasattr(env, "option_values"):
+        return None
     chosen = chance = 0.0
     n = 0
     for ep in episodes:
@@ -112,7 +114,7 @@ def live_moves(make_env: Callable[[], Environment], episodes: Sequence[Episode])
                                    "(the environment is not deterministic)")
             try:
                 values = env.option_values()
-            except (AttributeError, NotImplementedError):
+            except NotImplementedError:                    # no solvable(): a multi-move env without a check
                 return None
             live = [v == 1.0 for v in values]
             chosen += live[t.action]

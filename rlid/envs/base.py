@@ -147,9 +147,7 @@ class MenuEnvironment:
     def last_move_rewards(self) -> list[float] | None:
         """The reward of every menu option when this is the episode's last move (one move left, so
         every option ends it), each executed on a copy of this state; None otherwise."""
-        if self._done or self.steps_left != 1:
-            return None
-        return [self._twin().step(i).reward for i in range(len(self.menu()))]
+        return self.option_values() if not self._done and self.steps_left == 1 else None   # every option ends it
 
     def option_values(self) -> list[float] | None:
         """Q*(s, a) of every menu option under this environment's return, each option executed on a
