@@ -266,3 +266,85 @@ def test_union_keys_normalise_the_leading_space_marker():
     cli = bpe.encode(" cli")[0]
     assert bpe.tokenizer.convert_ids_to_tokens(cli) == "\u0120cli" and v.key(cli) == " cli"
     assert v.find(" cli") == (cli, cli) and v.find(" clipsx")[0] is None
+
+
+# ---- contrastive fusion ------------------------------------------------------------------------
+def test_fuse_contrastive_hand_case():
+    import math
+    lead, amateur = [0.5, 0.4, 0.05, 0.05], [0.6, 0.1, 0.2, 0.1]
+    scores = [1.5 * math.log(p) - 0.5 * math.log(q) for p, q in zip(lead, amateur)]
+    z = sum(math.exp(x) for x in scores)
+    fused = tu.fuse_contrastive([lead, amateur], [1.0, 1.0], lead=0, beta=0.5, alpha=0.1)
+    assert fused == pytest.approx([math.exp(x) / z for x in scores])
+    assert max(range(4), key=fused.__getitem__) == 1  # the amateur's favourite loses to the lead's second
+    # plausibility: alpha 0.9 leaves the lead's top key alone
+    assert tu.fuse_contrastive([lead, amateur], [1.0, 1.0], 0, 0.5, 0.9) == pytest.approx([1, 0, 0, 0])
+    # keys below alpha x best get 0 even where the amateur gives them nothing
+    fused = tu.fuse_contrastive([lead, [0.5, 0.5, 0.0, 0.0]], [1.0, 1.0], 0, 0.5, 0.2)
+    assert fused[2:] == [0.0, 0.0] and sum(fused) == pytest.approx(1.0)
+    # a zero-weight amateur (or none): the lead's own law over the plausible keys
+    assert tu.fuse_contrastive([lead, amateur], [1.0, 0.0], 0, 0.5, 0.1) == pytest.approx([0.5, 0.4, 0.05, 0.05])
+    # amateurs share the penalty by weight; the lead may be any member
+    two = tu.fuse_contrastive([amateur, [0.3, 0.3, 0.3, 0.1], lead], [1.0, 3.0, 9.0], lead=2, beta=1.0, alpha=0.1)
+    want = [2 * math.log(p) - (math.log(a) + 3 * math.log(b)) / 4 for p, a, b in zip(lead, amateur, [.3, .3, .3, .1])]
+    z = sum(math.exp(x) for x in want)
+    assert two == pytest.approx([math.exp(x) / z for x in want])
+
+
+def _reference_contrastive(expert, amateur, prompts, n, beta, alpha):
+    """Full-vocabulary contrastive greedy decoding of two members sharing a tokenizer, lockstep."""
+    out = []
+    for prompt in prompts:
+        se, sa = expert.start([expert.encode_prompt(prompt)]), amateur.start([amateur.encode_prompt(prompt)])
+        ids = []
+        for _ in range(n):
+            le, la = se.next_probs(1.0)[0].log(), sa.next_probs(1.0)[0].log()
+            keep = le >= le.max() + torch.log(torch.tensor(alpha))
+            tok = int(torch.where(keep, (1 + beta) * le - beta * la, torch.tensor(-float("inf"))).argmax())
+            ids.append(tok)
+            if tok in expert.eos_token_ids:
+                break
+            se.append([[tok]], return_logits=False)
+            sa.append([[tok]], return_logits=False)
+        out.append(ids)
+    return out
+
+
+@pytest.mark.parametrize("beta,alpha", [(0.5, 0.1), (1.0, 0.02)])
+def test_contrastive_equals_full_vocabulary_contrastive_decoding(beta, alpha):
+    """Two members sharing a tokenizer: the union (top_k large enough to hold the plausible set)
+    gives exactly full-vocabulary contrastive decoding, and it departs from the lead's greedy text."""
+    expert, amateur = clean_bpe_member("qwen2", 1, name="expert"), clean_bpe_member("qwen2", 2, name="amateur")
+    ref = _reference_contrastive(expert, amateur, PROMPTS, 12, beta, alpha)
+    got = run([expert, amateur], max_new_tokens=12, top_k=64, fusion="contrastive", beta=beta, alpha=alpha)
+    for ids, g in zip(ref, got):
+        eos = ids[-1] in expert.eos_token_ids
+        assert g.text == expert.decode(ids[:-1] if eos else ids)
+        assert g.num_tokens == len(ids) and g.finish_reason == ("eos" if eos else "length")
+    greedy = run([expert], max_new_tokens=12)
+    assert [g.text for g in got] != [g.text for g in greedy]
+    # beta 0: the lead's own greedy text
+    same = run([expert, amateur], max_new_tokens=12, top_k=64, fusion="contrastive", beta=0.0)
+    assert [g.text for g in same] == [g.text for g in greedy]
+
+
+def test_contrastive_across_tokenizers_scripted(scripted):
+    script, _ = scripted
+    char, bpe = char_member(), clean_bpe_member()
+    # lead bpe: " cli" .45, b .40, a .15; amateur char loves b -> contrastive picks " cli" (mean picks b)
+    script["char"] = {"a": 0.10, "b": 0.85, "c": 0.05}
+    script["bpe"] = {" cli": 0.42, "b": 0.43, "a": 0.15}
+    assert run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=3)[0].text == "b"
+    out = run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=3, fusion="contrastive", missing="zero")[0]
+    assert out.text == " cli"
+    # alpha 1.0: only the lead's best is plausible
+    assert run([char, bpe], ["Q:"], max_new_tokens=1, lead=1, top_k=3, fusion="contrastive", alpha=1.0)[0].text == "b"
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(fusion="max"), "fusion"), (dict(beta=-0.1), "beta"), (dict(beta="x"), "beta"),
+    (dict(alpha=0.0), "alpha"), (dict(alpha=1.5), "alpha"),
+])
+def test_bad_contrastive_options(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        run([char_member(0), char_member(1, name="char1")], **kw)

@@ -7,8 +7,9 @@ candidate set. A member's probability of a string is that of its token whose tex
 looked up in its full distribution; when the member has no such token, UniTE's rule applies
 (option `missing`): the probability of the first token of the member's encoding of the string
 ("first-token", default) or 0 ("zero"). Each member's probabilities are renormalised over the union,
-averaged with the weights, and the argmax (temperature 0) or a seeded sample (temperature > 0, from
-the members' temperature-scaled distributions) is committed:
+averaged with the weights (option `fusion: mean`; or `fusion: contrastive`: the lead as expert minus the
+others as amateurs over the lead's plausible strings, `fuse_contrastive`), and the argmax (temperature 0)
+or a seeded sample (temperature > 0, from the members' temperature-scaled distributions) is committed:
 
 - the lead member commits its own token for the string (as in its own decoding) when it has one;
 - every other member's text is extended by the string, with `MemberText`-style boundary repair, so
@@ -32,6 +33,7 @@ boundary repair). Cost: the batch's forwards / tokens per member and wall time, 
 """
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -46,6 +48,7 @@ from runtime.text_state import MemberText
 
 METHOD = "token-union"
 MISSING_MODES = ("first-token", "zero")
+FUSIONS = ("mean", "contrastive")
 EOS = None  # the union key of end-of-sequence (any member's EOS token)
 PARTIAL = "\ufffd"  # what `_Vocab.key` returns for a token holding an incomplete UTF-8 character
 MAX_PARTIAL_TOKENS = 4  # a character is completed within this many tokens (UTF-8 has <= 4 bytes)
@@ -55,12 +58,25 @@ MAX_PARTIAL_TOKENS = 4  # a character is completed within this many tokens (UTF-
 class TokenUnionOptions:
     top_k: int = 10                # each member's top-k tokens enter the union
     missing: str = "first-token"   # a member without a token for a string: its first token's prob, or 0
+    fusion: str = "mean"           # "mean" (UniTE) or "contrastive" (the lead minus the others: fuse_contrastive)
+    beta: float = 0.5              # contrastive: how hard the other members' log-probabilities are subtracted
+    alpha: float = 0.1             # contrastive: only strings with lead prob >= alpha x its best are plausible
 
     def validate(self) -> None:
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1:
             raise ConfigError(f"top_k must be a positive integer, got {self.top_k!r}")
         if self.missing not in MISSING_MODES:
             raise ConfigError(f"missing must be one of {', '.join(MISSING_MODES)}, got {self.missing!r}")
+        if self.fusion not in FUSIONS:
+            raise ConfigError(f"fusion must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
+        if not _number(self.beta) or not 0 <= self.beta:
+            raise ConfigError(f"beta must be a number >= 0, got {self.beta!r}")
+        if not _number(self.alpha) or not 0 < self.alpha <= 1:
+            raise ConfigError(f"alpha must be a number in (0, 1], got {self.alpha!r}")
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
 
 
 @dataclass
@@ -103,6 +119,40 @@ def fuse_union(
         for i, p in enumerate(probs):
             num[i] += w * p / s
     return [x / total_w for x in num] if total_w > 0 else num
+
+
+def fuse_contrastive(
+    member_probs: Sequence[Sequence[float]],  # [M][U]: each member's probability of each union key
+    weights: Sequence[float],                 # [M]: the non-lead members' shares of the penalty
+    lead: int,
+    beta: float,
+    alpha: float,
+) -> list[float]:                             # [U]: softmax of the contrastive scores over the plausible keys
+    """Contrastive fusion (Li et al. 2023; O'Brien & Lewis 2023's form): the lead is the expert,
+    every other member an amateur. Key u is plausible when p_lead(u) >= alpha * max p_lead; its score
+    is (1 + beta) log p_lead(u) - beta * sum_m w_m log p_m(u), the w_m the other members' weights
+    normalised to sum 1 (zero weights, or no other member: the lead's own law over the plausible
+    keys). Returns the softmax of the scores over the plausible keys (0 elsewhere): its argmax is the
+    greedy choice, and a key the lead is sure of (the only plausible one) wins whatever the others say."""
+    lead_p = [float(p) for p in member_probs[lead]]
+    top = max(lead_p, default=0.0)
+    if top <= 0:
+        return fuse_union([lead_p], [1.0])
+    others = [(m, float(w)) for m, w in enumerate(weights) if m != lead and w > 0]
+    total = sum(w for _, w in others)
+    tiny = 1e-30  # an amateur's zero: a large, finite penalty
+    scores: list[float | None] = []
+    for u, p in enumerate(lead_p):
+        if p <= 0 or p < alpha * top:
+            scores.append(None)
+            continue
+        expert = math.log(p)
+        amateur = sum(w * math.log(max(float(member_probs[m][u]), tiny)) for m, w in others) / total if total else expert
+        scores.append((1 + beta) * expert - beta * amateur)
+    best = max(x for x in scores if x is not None)
+    expd = [0.0 if x is None else math.exp(x - best) for x in scores]
+    z = sum(expd)
+    return [e / z for e in expd]
 
 
 # ---- per-member vocabulary helpers --------------------------------------------------------------
@@ -214,6 +264,7 @@ class _UnionRun:
                  weights: Sequence[float], lead: int):
         self.members, self.weights, self.lead = list(members), list(weights), lead
         self.top_k, self.missing = options.top_k, options.missing
+        self.options = options
         self.stop, self.max_new_tokens = request.stop, request.max_new_tokens
         self.temperature = request.temperature
         B = len(request.prompts)
@@ -312,7 +363,10 @@ class _UnionRun:
             pt = [_member_prob(self.vocabs[m], probs[m][b], tops[m], key, self.missing) for key in keys]
             member_probs.append([p for p, _ in pt])
             member_tokens.append([t for _, t in pt])
-        fused = fuse_union(member_probs, self.weights)
+        if self.options.fusion == "contrastive":
+            fused = fuse_contrastive(member_probs, self.weights, lead, self.options.beta, self.options.alpha)
+        else:
+            fused = fuse_union(member_probs, self.weights)
         choice = self.pick(fused, b)
         key = keys[choice]
         agree = sum(1 for m in range(M) if tops[m] and next(iter(tops[m])) == key)
