@@ -348,3 +348,11 @@ def test_contrastive_across_tokenizers_scripted(scripted):
 def test_bad_contrastive_options(kw, match):
     with pytest.raises(ConfigError, match=match):
         run([char_member(0), char_member(1, name="char1")], **kw)
+
+
+def test_contrastive_falls_back_to_the_mean_when_the_lead_has_no_mass_and_traces_its_fusion():
+    probs = [[0.0, 0.0], [0.2, 0.6]]
+    assert tu.fuse_contrastive(probs, [1.0, 1.0], 0, 0.5, 0.1) == pytest.approx(tu.fuse_union(probs, [1.0, 1.0]))
+    members = [char_member(0), char_member(1, name="char1")]
+    assert run(members, max_new_tokens=2, fusion="contrastive")[0].trace.fusion == "contrastive"
+    assert run(members, max_new_tokens=2)[0].trace.fusion == "mean"

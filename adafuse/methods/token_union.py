@@ -97,6 +97,7 @@ class UnionTrace:
     missing: str
     lead: str
     steps: list[UnionStep] = field(default_factory=list)
+    fusion: str = "mean"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,8 +137,8 @@ def fuse_contrastive(
     greedy choice, and a key the lead is sure of (the only plausible one) wins whatever the others say."""
     lead_p = [float(p) for p in member_probs[lead]]
     top = max(lead_p, default=0.0)
-    if top <= 0:
-        return fuse_union([lead_p], [1.0])
+    if top <= 0:  # the lead has no mass on the union: nothing to contrast with, the plain mean
+        return fuse_union(member_probs, weights)
     others = [(m, float(w)) for m, w in enumerate(weights) if m != lead and w > 0]
     total = sum(w for _, w in others)
     tiny = 1e-30  # an amateur's zero: a large, finite penalty
@@ -401,7 +402,8 @@ class _UnionRun:
                 for b in range(B)]
         outs = split_batch_cost(outs)
         for b, out in enumerate(outs):
-            out.trace = UnionTrace(METHOD, self.top_k, self.missing, self.members[self.lead].name, self.steps[b])
+            out.trace = UnionTrace(METHOD, self.top_k, self.missing, self.members[self.lead].name, self.steps[b],
+                                   self.options.fusion)
             out.stats = {"steps": len(self.steps[b]), "lead_text_fallbacks": self.lead_fallbacks[b],
                          "tokens_refed": {m.name: mt.tokens_refed for m, mt in zip(self.members, self.mts)}}
         return outs
