@@ -33,6 +33,7 @@ boundary repair). Cost: the batch's forwards / tokens per member and wall time, 
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -265,7 +266,9 @@ class _UnionRun:
                  weights: Sequence[float], lead: int):
         self.members, self.weights, self.lead = list(members), list(weights), lead
         self.top_k, self.missing = options.top_k, options.missing
-        self.options = options
+        self.fusion = options.fusion
+        self.fuse = (functools.partial(fuse_contrastive, lead=lead, beta=options.beta, alpha=options.alpha)
+                     if options.fusion == "contrastive" else fuse_union)  # (member_probs, weights) -> fused
         self.stop, self.max_new_tokens = request.stop, request.max_new_tokens
         self.temperature = request.temperature
         B = len(request.prompts)
@@ -364,10 +367,7 @@ class _UnionRun:
             pt = [_member_prob(self.vocabs[m], probs[m][b], tops[m], key, self.missing) for key in keys]
             member_probs.append([p for p, _ in pt])
             member_tokens.append([t for _, t in pt])
-        if self.options.fusion == "contrastive":
-            fused = fuse_contrastive(member_probs, self.weights, lead, self.options.beta, self.options.alpha)
-        else:
-            fused = fuse_union(member_probs, self.weights)
+        fused = self.fuse(member_probs, self.weights)
         choice = self.pick(fused, b)
         key = keys[choice]
         agree = sum(1 for m in range(M) if tops[m] and next(iter(tops[m])) == key)
@@ -403,7 +403,7 @@ class _UnionRun:
         outs = split_batch_cost(outs)
         for b, out in enumerate(outs):
             out.trace = UnionTrace(METHOD, self.top_k, self.missing, self.members[self.lead].name, self.steps[b],
-                                   self.options.fusion)
+                                   self.fusion)
             out.stats = {"steps": len(self.steps[b]), "lead_text_fallbacks": self.lead_fallbacks[b],
                          "tokens_refed": {m.name: mt.tokens_refed for m, mt in zip(self.members, self.mts)}}
         return outs
