@@ -311,12 +311,17 @@ def run_methods(methods, target, drafter, prompts, temps, args, gens, journal: J
                 if journal is not None and (temp, task, i, m) in journal.done:
                     rows.append(journal.done[(temp, task, i, m)])
                     continue
+                error = None
                 with PeakRSS() as rss:
                     t0 = time.perf_counter()
                     stats = {}
-                    if m.startswith("hf-"):
-                        text, n = hf_generate(target, drafter if m.startswith("hf-assisted") else None, ids,
-                                              args.max_new_tokens, temp, args.seed + i)
+                    if m.startswith("hf-assisted"):
+                        try:  # transformers' universal assisted generation can crash on a prompt (a bug of its own)
+                            text, n = hf_generate(target, drafter, ids, args.max_new_tokens, temp, args.seed + i)
+                        except RuntimeError as e:
+                            text, n, error = None, 0, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    elif m.startswith("hf-"):
+                        text, n = hf_generate(target, None, ids, args.max_new_tokens, temp, args.seed + i)
                     else:
                         out = gens[m].generate([prompt], max_new_tokens=args.max_new_tokens, temperature=temp,
                                                seed=args.seed + i)[0]
@@ -326,41 +331,61 @@ def run_methods(methods, target, drafter, prompts, temps, args, gens, journal: J
                            tok_s=n / wall, peak_rss_gb=rss.peak / 2 ** 30, text=text,
                            block_efficiency=stats.get("block_efficiency"),
                            acceptance=stats.get("acceptance_by_depth"), target_forwards=stats.get("target_forwards"))
+                if error:
+                    row["error"] = error
                 rows.append(row)
                 if journal is not None:
                     journal.write(row)
                 print(f"T={temp} {task}#{i} {m:26s} {n:4d} tok {wall:7.1f}s {n / wall:6.2f} tok/s"
-                      + (f"  BE {row['block_efficiency']:.2f}" if row["block_efficiency"] else ""), flush=True)
+                      + (f"  BE {row['block_efficiency']:.2f}" if row["block_efficiency"] else "")
+                      + (f"  FAILED {error}" if error else ""), flush=True)
     return rows
 
 
 def summarize(rows, methods, temps) -> str:
+    """The per-(T, method) table. A prompt where transformers' assisted generation crashed (`error` in its
+    row) counts for no method's tok/s in the x hf-assisted column: that ratio is over the prompts it
+    completed, the same prompts for both sides; a footnote names the crashes."""
     lines = ["", "| T | method | tokens | tok/s | x hf-plain | x hf-assisted | block eff. | accept d1 | peak RSS GB | greedy agree |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
     for temp in temps:
+        at_t = [r for r in rows if r["temperature"] == temp]
+        failed = {(r["task"], r["prompt"]) for r in at_t if r.get("error")}
         agg = {}
         for m in methods:
-            rs = [r for r in rows if r["temperature"] == temp and r["method"] == m]
-            toks, wall = sum(r["tokens"] for r in rs), sum(r["wall_s"] for r in rs)
-            agg[m] = (rs, toks, wall, toks / max(wall, 1e-9))
-        base = agg.get("hf-plain", (None, 0, 0, None))[3]
-        assist = agg.get("hf-assisted", (None, 0, 0, None))[3]
+            rs = [r for r in at_t if r["method"] == m and not r.get("error")]
+            both = [r for r in rs if (r["task"], r["prompt"]) not in failed]
+            agg[m] = (rs, _tok_s(rs), _tok_s(both))
+        base = agg.get("hf-plain", (None, None))[1]
+        assist = agg.get("hf-assisted", (None, None, None))[2]
         plain_text = {(r["task"], r["prompt"]): r["text"] for r in agg.get("hf-plain", ([],))[0]}
         for m in methods:
-            rs, toks, wall, tps = agg[m]
+            rs, tps, tps_both = agg[m]
             be = [r["block_efficiency"] for r in rs if r["block_efficiency"]]
             acc = [r["acceptance"][0] for r in rs if r["acceptance"]]
             agree = "-"
             if temp == 0 and plain_text:
                 same = sum(plain_text.get((r["task"], r["prompt"])) == r["text"] for r in rs)
                 agree = f"{same}/{len(rs)}"
-            lines.append(
-                f"| {temp:g} | {m} | {toks} | {tps:.2f} | {tps / base:.2f} | " if base else f"| {temp:g} | {m} | {toks} | {tps:.2f} | - | ")
-            lines[-1] += (f"{tps / assist:.2f} | " if assist else "- | ")
+            toks = sum(r["tokens"] for r in rs)
+            lines.append(f"| {temp:g} | {m} | {toks} | {tps:.2f} | " + (f"{tps / base:.2f} | " if base else "- | "))
+            lines[-1] += (f"{tps_both / assist:.2f} | " if assist else "- | ")
             lines[-1] += (f"{sum(be) / len(be):.2f} | " if be else "- | ")
             lines[-1] += (f"{sum(acc) / len(acc):.2f} | " if acc else "- | ")
-            lines[-1] += f"{max(r['peak_rss_gb'] for r in rs):.1f} | {agree} |"
+            lines[-1] += f"{max((r['peak_rss_gb'] for r in rs), default=0):.1f} | {agree} |"
+        for r in at_t:
+            if r.get("error"):
+                notes.append(f"- T = {temp:g}: {r['method']} crashed on {r['task']}#{r['prompt']} ({r['error']})")
+    if notes:
+        n_prompts = len({(r["task"], r["prompt"]) for r in rows})
+        lines += ["", f"Crashes (transformers' own; of {n_prompts} prompts). The x hf-assisted column compares each "
+                  "method with hf-assisted on the prompts hf-assisted completed:"] + notes
     return "\n".join(lines)
+
+
+def _tok_s(rs) -> float:
+    return sum(r["tokens"] for r in rs) / max(sum(r["wall_s"] for r in rs), 1e-9)
 
 
 if __name__ == "__main__":

@@ -65,3 +65,34 @@ def test_another_runs_journal_is_refused(tmp_path):
     error = specdec_speed.Journal.open(path, other)
     assert isinstance(error, str) and "cpu" in error and "pass another --output" in error
     assert "\n" not in error
+
+
+def test_a_crash_of_transformers_assisted_generation_is_a_row_not_the_end(monkeypatch):
+    """hf-assisted raising (transformers' universal assisted generation crashed on one prompt in 5.25)
+    leaves an `error` row; the run goes on, and the x hf-assisted column pairs only completed prompts."""
+    def fake_hf_generate(target, assistant, ids, max_new, temperature, seed):
+        if assistant is not None and seed == 0:
+            raise RuntimeError("cannot reshape tensor of 0 elements\nmore")
+        return "z", 4
+
+    monkeypatch.setattr(specdec_speed, "hf_generate", fake_hf_generate)
+
+    class Target:
+        def encode_prompt(self, prompt):
+            return [1, 2]
+
+    class Args:
+        max_new_tokens, seed = 4, 0
+
+    rows = specdec_speed.run_methods(["hf-plain", "hf-assisted"], Target(), object(), [("gsm8k", "a"), ("wmt", "b")],
+                                     [0.0], Args(), {})
+    assert [r.get("error") for r in rows] == [None, "RuntimeError: cannot reshape tensor of 0 elements", None, None]
+    assert rows[1]["tokens"] == 0 and rows[1]["text"] is None
+    # hand-set times: plain 4 tok in 1 s and 4 tok in 2 s; assisted only on prompt 1, 4 tok in 1 s
+    for r, wall in zip(rows, [1.0, 5.0, 2.0, 1.0]):
+        r["wall_s"] = wall
+    table = specdec_speed.summarize(rows, ["hf-plain", "hf-assisted"], [0.0])
+    plain_line = next(l for l in table.splitlines() if "| hf-plain |" in l)
+    # hf-plain: 8 tok / 3 s overall = 2.67 tok/s; on the completed prompt 2 tok/s against 4 -> 0.50
+    assert "| 8 | 2.67 | 1.00 | 0.50 |" in plain_line
+    assert "hf-assisted crashed on gsm8k#0 (RuntimeError: cannot reshape" in table
