@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from runtime.sampling import on_generator
+
 NORMALISATIONS = ("token", "byte", "char", "sum")
 
 
@@ -77,4 +79,4 @@ def choose(
     if temperature <= 0:
         return int(torch.argmax(fused))
     probs = torch.softmax(fused.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(on_generator(probs, generator), 1, generator=generator))

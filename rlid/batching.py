@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from runtime.hf_compat import cache_kwargs
+
 __all__ = ["PolicyCounters", "pad_token_id", "left_pad", "new_cache", "forward"]
 
 
@@ -95,7 +97,7 @@ def forward(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tenso
     reads and extends it and `mask` covers the cache and the new ids; `positions` the new ids only."""
     kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None)
     if cache is not None:
-        kwargs["cache"] = cache
+        kwargs.update(cache_kwargs(model, cache))
     if _takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = keep
     out = model(**kwargs)

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from runtime.sampling import on_generator
 from rlid.batching import PolicyCounters, forward, left_pad, new_cache, pad_token_id
 from rlid.prompt import action_text, compile_prompt
 from rlid.types import DecisionState
@@ -111,7 +112,7 @@ class TokenPolicy:
         if greedy:
             return logits.argmax(-1).tolist()
         probs = torch.softmax(logits, -1).cpu()
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
+        return torch.multinomial(on_generator(probs, generator), 1, generator=generator).squeeze(-1).tolist()
 
     @torch.no_grad()
     def generate_ids(self, prompts_ids: Sequence[Sequence[int]], greedy: bool,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from runtime.errors import NonFiniteLogitsError
+from runtime.hf_compat import cache_kwargs
 from runtime.logits_plan import LogitsPlan
 from runtime.open_tree import OpenTree, TreeBlock
 from runtime.packed_linear import only_tokens
@@ -124,8 +125,8 @@ class KVState:
         with only_tokens(inputs.valid.to(device), plan.head.to(device), compact_head=plan.compact) as run:
             out = member.model(
                 input_ids=inputs.tokens.to(device), attention_mask=attention_mask,
-                position_ids=inputs.position_ids.to(device), cache=self.cache, use_cache=True,
-                logits_to_keep=plan.logits_to_keep,
+                position_ids=inputs.position_ids.to(device), use_cache=True,
+                logits_to_keep=plan.logits_to_keep, **cache_kwargs(member.model, self.cache),
             )
         member.counters.count(int(inputs.valid.sum()))
         return out.logits, run.compacted

@@ -52,6 +52,12 @@ def logits_to_probs(
     return warp_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
 
 
+def on_generator(t: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """`t` on `generator`'s device (a seeded draw happens where its generator lives: a CUDA generator
+    cannot draw for a CPU tensor, nor the reverse); as is without a generator."""
+    return t if generator is None else t.to(generator.device)
+
+
 def sample(
     probs: torch.Tensor,  # [B, V]
     generators: list[torch.Generator | None] | None = None,
@@ -59,7 +65,8 @@ def sample(
     """One token per row; row b draws from `generators[b]` when given (seeded, batch-invariant)."""
     if generators is None:
         return torch.multinomial(probs, 1).squeeze(-1)
-    out = [torch.multinomial(probs[b], 1, generator=g).squeeze(-1) for b, g in enumerate(generators)]
+    out = [torch.multinomial(on_generator(probs[b], g), 1, generator=g).squeeze(-1).to(probs.device)
+           for b, g in enumerate(generators)]
     return torch.stack(out)
 
 

@@ -7,10 +7,14 @@
 - `tiny_model(arch, vocab_size, seed)`: a 2-layer llama / qwen2 / gemma3 (gemma3 with a sliding
   window of 4 on alternate layers, so sliding masks are exercised).
 - `tiny_member(arch, tokenizer, seed)`: both wrapped as an `runtime.member.Member`.
+
+`ADAFUSE_TEST_DEVICE=cuda` puts every tiny model on that device (default cpu): the same unit tests
+then check the runtime, the speculative engine and its exact-law tests on an accelerator.
 """
 from __future__ import annotations
 
 import functools
+import os
 import string
 
 import torch
@@ -25,6 +29,7 @@ CORPUS = [
     "1 + 2 = 3, 16 * 16 = 256, 100 - 1 = 99. She has 18 apples and 8 pears.",
     "In the beginning there was text, and the text was shared between models with different tokenizers.",
 ]
+TEST_DEVICE = os.environ.get("ADAFUSE_TEST_DEVICE", "cpu")
 CHARS = string.ascii_letters + string.digits + string.punctuation + " \n"
 
 
@@ -73,7 +78,7 @@ def pieces_tokenizer(pieces: tuple[str, ...], merges: tuple[tuple[str, str], ...
 
 
 def tiny_model(arch: str = "llama", vocab_size: int = 64, seed: int = 0, hidden: int = 32, layers: int = 2):
-    """A small randomly initialised causal LM of the given architecture, fp32, eval mode."""
+    """A small randomly initialised causal LM of the given architecture, fp32, eval mode, on TEST_DEVICE."""
     from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
     common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -95,7 +100,7 @@ def tiny_model(arch: str = "llama", vocab_size: int = 64, seed: int = 0, hidden:
     # sharpen the random logits a little so greedy/sampled text is not uniform noise
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(4.0)
-    return model.eval()
+    return model.eval().to(TEST_DEVICE)
 
 
 def tiny_member(arch: str = "llama", tokenizer=None, seed: int = 0, name: str | None = None, **kwargs):

@@ -143,7 +143,7 @@ def _rrs_without_mc(p: torch.Tensor, q: torch.Tensor, n: int, num_samples: int, 
     reject = torch.ones(s, dtype=torch.float64)
     total = float(cq[-1])
     for i in range(n):
-        u = torch.rand(s, dtype=torch.float64, generator=generator) * (total - used)
+        u = torch.rand(s, dtype=torch.float64, generator=generator, device=used.device) * (total - used)
         if i > 0:
             prev = drafts[:, :i]
             st, idx = torch.sort(starts[prev], dim=1)

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from runtime.sampling import on_generator
+
 SCHEMES = ("with", "without", "greedy")
 
 _SUM_TOL = {torch.float64: 1e-6}
@@ -114,11 +116,11 @@ def sample_drafts(
     check_scheme(scheme)
     check_n(draft_probs, n, scheme)
     batch_shape = draft_probs.shape[:-1]
-    q = to_float64(draft_probs).reshape(-1, draft_probs.shape[-1])  # [B, V]
+    q = on_generator(to_float64(draft_probs).reshape(-1, draft_probs.shape[-1]), generator)  # [B, V]
     if scheme == "with":
         out = torch.multinomial(q, n, replacement=True, generator=generator)
     elif scheme == "without":
-        u = torch.rand(q.shape, dtype=torch.float64, generator=generator)
+        u = torch.rand(q.shape, dtype=torch.float64, generator=generator, device=q.device)
         clocks = -torch.log1p(-u) / q  # E_i / q_i; q_i = 0 -> inf (never drawn)
         out = torch.topk(clocks, n, dim=-1, largest=False, sorted=True).indices
     else:

@@ -31,7 +31,7 @@ import torch
 from runtime.kv_state import KVState
 from runtime.member import Member, check_finished
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
-from runtime.sampling import SamplingParams
+from runtime.sampling import SamplingParams, on_generator
 from runtime.stopping import StopStrings
 from specdec.bound import optimal_acceptance
 from specdec.config import DEFAULT_SHAPE, DecodeControl, DraftLimit, TreeShape
@@ -277,13 +277,14 @@ class SpeculativeGenerator:
                 continue
             p = root_p if node == 0 and root_p is not None else sampling.probs(raw)
             if not kids:
-                return accepted, int(torch.multinomial(p, 1, generator=gen))
+                return accepted, int(torch.multinomial(on_generator(p, gen), 1, generator=gen))
             if tree.is_deterministic(node):
                 alpha = float(p[list(kids)].sum()) if self.track_alpha else None
-                y = int(torch.multinomial(p, 1, generator=gen))
+                y = int(torch.multinomial(on_generator(p, gen), 1, generator=gen))
                 ok = y in kids
             else:
                 q = tree.draft_probs[node]
+                q = q.to(p.device) if q is not None else q  # the drafter may run on another device
                 alpha = self._alpha(p, q, len(tree.drafts[node])) if self.track_alpha else None
                 y, idx = self._verify(p, q, tree.drafts[node], gen)
                 ok = idx is not None

@@ -292,6 +292,9 @@ def quantize_int8(member: Member) -> Member:
 
     if is_packed(member.model):
         raise ValueError(f"int8 drafter: {member.name} has packed weights; load it with pack_weights=False")
+    if member.device.type != "cpu":
+        raise ValueError(f"int8 drafter: {member.name} is on {member.device}, and torch's dynamic int8 linear runs "
+                         "on the CPU only; drop '@int8' there (or load the drafter on the CPU)")
     model = copy.deepcopy(member.model)
     inner = getattr(model, "model", None)
     if inner is None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.sampling import on_generator
 from specdec.drafts import check_n, check_pair, check_scheme, greedy_residual_draft, greedy_set, to_float64
 from specdec.lp import solve_coupling
 
@@ -109,11 +110,12 @@ def _first_index(drafts: list[int], y: int) -> int:
 
 
 def _uniform(generator: torch.Generator | None) -> float:
-    return float(torch.rand((), dtype=torch.float64, generator=generator))
+    return float(torch.rand((), dtype=torch.float64, generator=generator,
+                            device=generator.device if generator is not None else "cpu"))
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(on_generator(probs, generator), 1, generator=generator))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ def kseq_rho_star(p: torch.Tensor, q: torch.Tensor, n: int, iters: int = 60) -> 
     q_above = torch.cat([torch.flip(torch.cumsum(torch.flip(q_sorted, [0]), 0), [0]), q.new_zeros(1)])
 
     def excess(rho: float) -> float:
-        k = int(torch.searchsorted(ratio_s, torch.tensor([rho], dtype=ratio_s.dtype)))
+        k = int(torch.searchsorted(ratio_s, torch.tensor([rho], dtype=ratio_s.dtype, device=ratio_s.device)))
         beta = float(p_below[k]) / rho + float(q_above[k])
         c = float(n) if beta <= 0 else (1.0 - (1.0 - beta) ** n) / beta
         return c - rho
@@ -224,7 +226,7 @@ def output_law(
 
 def _lp_row(p: torch.Tensor, q: torch.Tensor, d: list[int], scheme: str) -> torch.Tensor:
     """P(y = · | drafts = d) under the optimal coupling (checked inputs, float64)."""
-    coupling, index = _coupling(p, q, len(d), scheme)
+    coupling, index = _coupling(p.cpu(), q.cpu(), len(d), scheme)  # scipy's LP: on the CPU
     k = index.get(tuple(d))
     if k is None:
         raise ValueError(f"drafts {d} have probability 0 under the {scheme!r} scheme")

@@ -334,7 +334,7 @@ def test_softmax_calibration_against_a_self_confident_lead():
 # ---- cache discipline ---------------------------------------------------------------------------
 def fresh_next_probs(member, ids):
     with torch.no_grad():
-        return member.model(input_ids=torch.tensor([ids])).logits[0, -1].float().softmax(-1)
+        return member.model(input_ids=torch.tensor([ids], device=member.device)).logits[0, -1].float().softmax(-1)
 
 
 @pytest.mark.parametrize("pair,lead", [("spacey", 0), ("bpe_pair", 0), ("bpe_pair", 1)])

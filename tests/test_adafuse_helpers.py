@@ -71,7 +71,7 @@ def spacey_member(arch: str, tokenizer, seed: int, name: str, boost: float = 6.0
     model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.config.bos_token_id = model.generation_config.bos_token_id = tokenizer.bos_token_id
     old = model.get_output_embeddings()
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True, device=old.weight.device)
     with torch.no_grad():
         head.weight.copy_(old.weight)
         head.bias.zero_()

@@ -17,7 +17,7 @@ def clean_bpe_member(arch="qwen2", seed=1, name="bpe"):
     m = tiny_member(arch, tokenizer=bpe_tokenizer(), seed=seed, name=name)
     bad = [i for i in range(len(m.tokenizer)) if "\ufffd" in m.tokenizer.decode([i])]
     old = m.model.lm_head
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True, device=old.weight.device)
     with torch.no_grad():
         head.weight.copy_(old.weight)
         head.bias.zero_()

@@ -12,7 +12,7 @@ from runtime.testing import char_tokenizer, tiny_model
 def test_gqa_sdpa_equals_sdpa_on_tree_forwards(arch):
     from runtime.member import Member
 
-    ref_model = tiny_model(arch)
+    ref_model = tiny_model(arch).cpu()  # a CPU optimisation: other devices keep transformers' sdpa
     model = copy.deepcopy(ref_model)
     assert use_gqa_sdpa(model) and model.config._attn_implementation == NAME
     assert ref_model.config._attn_implementation == "sdpa"
@@ -36,7 +36,7 @@ def test_only_sdpa_models_are_switched():
 def test_transformers_generate_with_multi_token_steps_is_unchanged():
     """transformers' own prompt-lookup generate (multi-token forwards on a cache, masks built by
     transformers) gives the same greedy tokens with the grouped attention as with sdpa."""
-    ref_model = tiny_model("qwen2")
+    ref_model = tiny_model("qwen2").cpu()
     model = copy.deepcopy(ref_model)
     assert use_gqa_sdpa(model)
     x = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])

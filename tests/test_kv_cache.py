@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from runtime.hf_compat import cache_kwargs
 from runtime.kv_cache import MIN_CAPACITY, GrowableCache, GrowableLayer, grown_capacity
 from runtime.testing import tiny_member
 
@@ -68,15 +69,15 @@ def test_mismatched_assignment_is_refused():
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_model_decodes_the_same_on_both_caches(arch):
     m = tiny_member(arch)
-    ids = torch.randint(4, m.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(4, m.vocab_size, (2, 7), generator=torch.Generator().manual_seed(1)).to(m.device)
     outs = []
     for cache in (DynamicCache(), GrowableCache()):
         with torch.no_grad():
-            out = m.model(input_ids=ids, cache=cache, use_cache=True)
+            out = m.model(input_ids=ids, use_cache=True, **cache_kwargs(m.model, cache))
             steps = [out.logits[:, -1]]
             for _ in range(5):
                 nxt = steps[-1].argmax(-1, keepdim=True)
-                steps.append(m.model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1])
+                steps.append(m.model(input_ids=nxt, use_cache=True, **cache_kwargs(m.model, cache)).logits[:, -1])
         outs.append(torch.stack(steps))
     assert all(type(layer) is GrowableLayer for layer in cache.layers) and len(cache.layers) > 0
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)

@@ -12,7 +12,7 @@ TOL = dict(atol=2e-5, rtol=1e-4)
 
 def full_logits(member, ids):
     with torch.no_grad():
-        return member.model(input_ids=torch.tensor([ids])).logits[0].float()
+        return member.model(input_ids=torch.tensor([ids], device=member.device)).logits[0].float()
 
 
 def rand_ids(n, vocab, seed):

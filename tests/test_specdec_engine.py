@@ -104,7 +104,7 @@ def test_model_drafter_q_is_the_drafter_distribution_at_every_node(pair, budget)
             if q is None:
                 continue
             with torch.no_grad():
-                logits = other.model(input_ids=torch.tensor([ctx[b] + node_path(tree, node)])).logits[0, -1].float()
+                logits = other.model(input_ids=torch.tensor([ctx[b] + node_path(tree, node)], device=other.device)).logits[0, -1].float()
             torch.testing.assert_close(q, torch.softmax(logits, -1), atol=1e-5, rtol=1e-4)
             checked += 1
     assert checked >= len(ctx) * 3

@@ -52,7 +52,7 @@ def exact_law(target, temperature, top_k, top_p):
     law = {}
     with torch.no_grad():
         for seq in itertools.product(range(V), repeat=K):
-            ids = torch.tensor([PROMPT + list(seq)])
+            ids = torch.tensor([PROMPT + list(seq)], device=target.device)
             logits = target.model(input_ids=ids).logits[0, len(PROMPT) - 1:-1].float()
             p = logits_to_probs(logits, temperature, top_k, top_p)
             law[seq] = float(torch.prod(p[torch.arange(K), torch.tensor(seq)]))

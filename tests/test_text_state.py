@@ -12,7 +12,7 @@ WORDS = [" The", " quick", " 18", " apples", ",", " 16*16", " =", " 256", ".", "
 
 def fresh_last_logits(member, ids):
     with torch.no_grad():
-        return member.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        return member.model(input_ids=torch.tensor([ids], device=member.device)).logits[0, -1].float()
 
 
 def test_common_prefix_len():

@@ -45,6 +45,7 @@ from adafuse.methods.base import GenerationRequest, Method, run_method
 from runtime.errors import ConfigError
 from runtime.member import Member
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
+from runtime.sampling import on_generator
 from runtime.text_state import MemberText
 
 METHOD = "token-union"
@@ -286,7 +287,8 @@ class _UnionRun:
         if self.temperature == 0:
             return int(torch.as_tensor(dist).argmax())
         q = torch.as_tensor(dist, dtype=torch.float64)
-        return int(torch.multinomial(q, 1, generator=self.gens[b] if self.gens else None))
+        gen = self.gens[b] if self.gens else None
+        return int(torch.multinomial(on_generator(q, gen), 1, generator=gen))
 
     def run(self) -> None:
         warm_t = 1.0 if self.temperature == 0 else float(self.temperature)
