@@ -9,14 +9,13 @@ positions only (`logits_to_keep`, where the model takes it), extending `cache` (
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-from runtime.hf_compat import cache_kwargs
+from runtime.hf_compat import cache_kwargs, forward_params
 
 __all__ = ["PolicyCounters", "pad_token_id", "left_pad", "new_cache", "forward"]
 
@@ -73,15 +72,8 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None
     return ids.to(device), mask.to(device), positions.to(device)
 
 
-_TAKES_KEEP: dict[type, bool] = {}
-
-
 def _takes_logits_to_keep(model) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wrappers
-    kind = type(base)
-    if kind not in _TAKES_KEEP:
-        _TAKES_KEEP[kind] = "logits_to_keep" in inspect.signature(base.forward).parameters
-    return _TAKES_KEEP[kind]
+    return "logits_to_keep" in forward_params(model)
 
 
 def new_cache(model):
