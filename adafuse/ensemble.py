@@ -56,7 +56,7 @@ def build_speculator(target, drafter: Any, dtype: str, device: str = "cpu") -> A
     """A `specdec.SpeculativeGenerator` for `target` with `drafter`: "lookup" (prompt lookup), a
     model name / Member sharing the target's tokenizer, or a ready drafter object; a drafter model
     is loaded on its target's device."""
-    drafter = dr.make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **{"device": device, **kw}))
+    drafter = dr.make_drafter(drafter, load=lambda name, **kw: load(name, **{"dtype": dtype, "device": device, **kw}))
     return SpeculativeGenerator(target, drafter, dr.default_shape(drafter))
 
 
@@ -119,7 +119,7 @@ def model_specs(members: Sequence[Any], drafters: Sequence[Any] | None) -> list[
     for d in drafters or []:
         kind, name = dr.parse_drafter_spec(d)
         if name:
-            specs.append((name, not kind.endswith("-int8")))
+            specs.append((name, "-" not in kind))  # quantized drafters load plain float32 weights
     return specs
 
 

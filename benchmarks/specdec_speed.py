@@ -7,13 +7,17 @@ alike):
 
   hf-plain        transformers `model.generate` (greedy / sampling)
   hf-assisted     transformers assisted generation with the 0.5B as assistant
+  hf-assisted16 / hf-assisted8   the same with the assistant's linear layers in float16 / int8 (the
+                  drafter our ours-model16 / ours-model8 use)
   hf-plain-packed / hf-assisted-packed   the same after `pack_linear_weights` (the kernels ours use)
   ours-plain      our engine without a drafter (the same loop, one token per forward)
   ours-model:S:N:K[:STOP]  our engine, 0.5B drafter, scheme S, N drafts per node, depth K, stop
                        expanding where the drafter's top probability < STOP (dynamic length)
   ours-lookup:N:K      our engine, prompt lookup, up to N continuations of up to K tokens
   ours-hybrid:S:N:K    lookup when it finds a >= 2-token continuation, else the 0.5B (S, N, K)
-  ours-model8 / ours-hybrid8   the same with the 0.5B's decoder layers quantized to int8 (drafter only)
+  ours-model8 / ours-hybrid8   the same with the drafter's linear layers (and LM head) in int8
+  ours-model16 / ours-hybrid16 the same with the drafter's linear layers (and LM head) stored in float16
+                       (float32 activations; `specdec.model_drafter.quantize_drafter`)
 
 A --drafter with another tokenizer than the target's (e.g. smollm2-135m for a Qwen target) drafts
 through text in our methods (`specdec.text_drafter.TextDrafter`, picked by the engine), and
@@ -146,19 +150,20 @@ def hf_assistant(target, assistant, temperature: float) -> dict:
     return dict(assistant_model=model, tokenizer=target.tokenizer, assistant_tokenizer=assistant.tokenizer)
 
 
-_INT8 = {}
+_QUANTIZED = {}  # "8" / "16" -> the drafter quantized to int8 / fp16
 
 
 def parse_method(spec: str, target, drafter_member):
-    """ours-plain | ours-model[8]:S:N:K[:STOP] | ours-lookup:N:K[:NGRAM_MIN:MIN_LEN] | ours-hybrid[8]:S:N:K[:STOP]
-    (a trailing 8: the drafter's decoder layers quantized to int8; STOP: the drafter's `stop_below`)."""
+    """ours-plain | ours-model[8|16]:S:N:K[:STOP] | ours-lookup:N:K[:NGRAM_MIN:MIN_LEN] | ours-hybrid[8|16]:S:N:K[:STOP]
+    (a trailing 8 / 16: the drafter's linear layers in int8 / float16; STOP: the drafter's `stop_below`)."""
     from specdec.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter
     from specdec.engine import SpeculativeGenerator
 
     kind, *rest = spec.split(":")
     member = drafter_member
-    if kind.endswith("8"):
-        member, kind = _INT8["m"], kind[:-1]
+    bits = _quant_suffix(kind)
+    if bits:
+        member, kind = _QUANTIZED[bits], kind[:-len(bits)]
     if kind == "ours-plain":
         return SpeculativeGenerator(target, None)
     stop = float(rest[3]) if len(rest) > 3 else 0.0
@@ -219,8 +224,8 @@ def main(argv=None) -> int:
     our_methods = [m for m in methods if m not in hf_methods]
     if drafter is not None and "hf-assisted" in hf_methods and any(t > 0 for t in temps):
         hf_assistant(target, drafter, 1.0)  # (a copy for transformers to prune, made before any timing)
+    _QUANTIZED.update(quantize_if_needed(methods, drafter))
     rows = run_methods(hf_methods, target, drafter, prompts, temps, args, {}, journal)
-    _INT8["m"] = quantize_int8_if_needed(our_methods, drafter)
     if not args.no_pack:
         from runtime.packed_linear import pack_linear_weights
 
@@ -239,11 +244,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def quantize_int8_if_needed(methods, drafter):
-    """The int8 drafter is quantized from the unpacked float32 weights (before packing)."""
-    from specdec.drafters import quantize_int8
+def _quant_suffix(kind: str) -> str:
+    """'16' for ours-model16 / ours-hybrid16 / hf-assisted16, '8' for ...8, else ''."""
+    return "16" if kind.endswith("16") else "8" if kind.endswith("8") else ""
 
-    return quantize_int8(drafter) if any(m.split(":")[0].endswith("8") for m in methods) else None
+
+def quantize_if_needed(methods, drafter) -> dict:
+    """The quantized drafters the methods name, made from the unpacked float32 weights (before packing)."""
+    from specdec.drafters import quantize_drafter
+
+    wanted = {_quant_suffix(m.split(":")[0]) for m in methods} - {""}
+    return {bits: quantize_drafter(drafter, {"8": "int8", "16": "fp16"}[bits]) for bits in sorted(wanted)}
 
 
 JOURNAL_KEYS = ("target", "drafter", "prompts", "max_new_tokens", "dtype", "drafter_dtype", "seed", "threads", "no_pack")
@@ -317,7 +328,8 @@ def run_methods(methods, target, drafter, prompts, temps, args, gens, journal: J
                     stats = {}
                     if m.startswith("hf-assisted"):
                         try:  # transformers' universal assisted generation can crash on a prompt (a bug of its own)
-                            text, n = hf_generate(target, drafter, ids, args.max_new_tokens, temp, args.seed + i)
+                            assistant = _QUANTIZED.get(_quant_suffix(m.split(":")[0]), drafter)
+                            text, n = hf_generate(target, assistant, ids, args.max_new_tokens, temp, args.seed + i)
                         except RuntimeError as e:
                             text, n, error = None, 0, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
                     elif m.startswith("hf-"):

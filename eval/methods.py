@@ -148,7 +148,7 @@ def _speculative(target: Any, drafter: str, dtype: str, options: dict[str, Any],
     """`specdec.SpeculativeGenerator(target, drafter, **options)` (scheme, num_drafts, depth, ...);
     the drafter spec ("lookup", "hybrid:NAME", "NAME@int8", a model name) is read by `make_drafter`,
     its models come from the same loader."""
-    made = make_drafter(drafter, load=lambda name, **kw: load(name, dtype=dtype, **{"device": device, **kw}))
+    made = make_drafter(drafter, load=lambda name, **kw: load(name, **{"dtype": dtype, "device": device, **kw}))
     try:
         return SpeculativeGenerator(target, made, default_shape(made), **options)
     except (TypeError, ValueError) as exc:

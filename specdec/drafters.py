@@ -22,12 +22,13 @@ from runtime.member import Member
 from runtime.sampling import SamplingParams
 from specdec.config import DEFAULT_SHAPE, DEFAULT_STOP_BELOW, DraftLimit, TreeShape
 from specdec.drafter_base import Drafter, drafter_member, kept_prefix, resolve_limit
-from specdec.model_drafter import ModelDrafter, check_same_tokenizer, quantize_int8
+from specdec.model_drafter import DRAFTER_FORMATS, ModelDrafter, check_same_tokenizer, quantize_drafter, quantize_int8
 from specdec.text_drafter import TextDrafter
 from specdec.tree import DraftTree, tree_from_sequences
 
 __all__ = ["Drafter", "ModelDrafter", "TextDrafter", "PromptLookupDrafter", "HybridDrafter", "DrafterSpec",
-           "parse_drafter_spec", "make_drafter", "default_shape", "drafter_member", "check_same_tokenizer", "quantize_int8",
+           "parse_drafter_spec", "make_drafter", "default_shape", "drafter_member", "check_same_tokenizer",
+           "quantize_int8", "quantize_drafter",
            "DEFAULT_SHAPE", "DEFAULT_STOP_BELOW"]
 
 
@@ -142,21 +143,21 @@ class HybridDrafter(Drafter):
 class DrafterSpec(NamedTuple):
     """A parsed drafter spec: `kind` and the model it loads (None for kinds that load none).
 
-    kind: "none" | "lookup" | "model" | "model-int8" | "hybrid" | "hybrid-int8" (the spec was a
-    string), "member" (a `Member`) or "drafter" (a ready `Drafter`)."""
+    kind: "none" | "lookup" | "model" | "model-FMT" | "hybrid" | "hybrid-FMT" (the spec was a
+    string; FMT one of `DRAFTER_FORMATS`: "int8", "fp16"), "member" (a `Member`) or "drafter" (a ready `Drafter`)."""
 
     kind: str
     model: str | None
 
 
-_GRAMMAR = ("'none', 'lookup', a model (registry name, folder or hub id), 'NAME@int8' (its decoder "
-            "layers quantized to int8) or 'hybrid:NAME' / 'hybrid:NAME@int8' (lookup, else the model)")
+_GRAMMAR = ("'none', 'lookup', a model (registry name, folder or hub id), 'NAME@fp16' / 'NAME@int8' (its "
+            "linear layers stored in float16 / int8) or 'hybrid:NAME' / 'hybrid:NAME@fp16' (lookup, else the model)")
 
 
 def parse_drafter_spec(spec: Any) -> DrafterSpec:
     """The one reader of the drafter grammar: None / '' / 'none' -> ("none", None); 'lookup' ->
-    ("lookup", None); 'hybrid:NAME' -> ("hybrid", NAME); 'NAME@int8' -> ("model-int8", NAME);
-    'hybrid:NAME@int8' -> ("hybrid-int8", NAME); a model name, folder or hub id -> ("model", NAME);
+    ("lookup", None); 'hybrid:NAME' -> ("hybrid", NAME); 'NAME@int8' -> ("model-int8", NAME) (also
+    '@fp16'); 'hybrid:NAME@int8' -> ("hybrid-int8", NAME); a model name, folder or hub id -> ("model", NAME);
     a `Member` -> ("member", None); a `Drafter` -> ("drafter", None). ConfigError otherwise."""
     if isinstance(spec, Drafter):
         return DrafterSpec("drafter", None)
@@ -179,16 +180,16 @@ def parse_drafter_spec(spec: Any) -> DrafterSpec:
 
 
 def _model_part(text: str, spec: str) -> tuple[str, str]:
-    """('' or '-int8', model name) of a spec's model part; ConfigError where it names no model."""
+    """('' or '-FMT', model name) of a spec's model part; ConfigError where it names no model."""
     kind = ""
     if os.path.exists(text):
         return kind, text
     if "@" in text:
         text, suffix = text.rsplit("@", 1)
-        if suffix != "int8":
-            raise ConfigError(f"drafter {spec!r}: unknown suffix '@{suffix}'; the only one is '@int8' "
-                              f"(an int8-quantized model drafter), e.g. 'qwen2.5-coder-0.5b@int8'")
-        kind = "-int8"
+        if suffix not in DRAFTER_FORMATS:
+            raise ConfigError(f"drafter {spec!r}: unknown suffix '@{suffix}'; use '@fp16' or '@int8' (the model "
+                              f"drafter's linear layers in float16 / int8), e.g. 'qwen2.5-coder-0.5b@fp16'")
+        kind = f"-{suffix}"
     if os.path.exists(text):
         return kind, text
     if ":" in text and not text.startswith("hybrid:"):
@@ -208,9 +209,10 @@ def make_drafter(spec: Any, load: Loader | None = None, *, dtype: str = "float32
     "hybrid:NAME"; a `Drafter` as is. Model drafters follow their generator's `TreeShape.stop_below`.
 
     `load(name)` loads a model (the caller's runtime loader; default `runtime.loader.load`
-    with `dtype`); for '@int8' it is called as `load(name, pack_weights=False)`, since int8
-    quantization needs the plain Linear weights. ConfigError on a bad spec. A model whose tokenizer
-    differs from the target's drafts through text (`TextDrafter`) once a generator binds it."""
+    with `dtype`); for '@fp16' / '@int8' it is called as `load(name, dtype="float32",
+    pack_weights=False)`, since quantization starts from the plain float32 Linear weights.
+    ConfigError on a bad spec. A model whose tokenizer differs from the target's drafts through text
+    (`TextDrafter`) once a generator binds it."""
     kind, name = parse_drafter_spec(spec)
     if kind == "drafter":
         return spec
@@ -222,9 +224,10 @@ def make_drafter(spec: Any, load: Loader | None = None, *, dtype: str = "float32
         return PromptLookupDrafter(ngram_max=3, ngram_min=2, min_length=2)
     if load is None:
         def load(model_name: str, **kw) -> Member:
-            return load_model(model_name, dtype=dtype, **kw)
+            return load_model(model_name, **{"dtype": dtype, **kw})
 
-    member = quantize_int8(load(name, pack_weights=False)) if kind.endswith("-int8") else load(name)
+    fmt = kind.split("-", 1)[1] if "-" in kind else None
+    member = quantize_drafter(load(name, dtype="float32", pack_weights=False), fmt) if fmt else load(name)
     model = ModelDrafter(member)
     return HybridDrafter(model) if kind.startswith("hybrid") else model
 

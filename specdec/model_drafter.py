@@ -281,25 +281,57 @@ class _Growth:
         return logits
 
 
-def quantize_int8(member: Member) -> Member:
-    """A copy of `member` whose decoder Linear layers are dynamically quantized to int8 (CPU, fbgemm);
-    embeddings and the LM head stay as they are. For drafters only: a cheaper q never changes what
-    the target outputs (verification is lossless for any q), it only changes acceptance."""
+# weight formats a drafter may be compressed to: (torch dtype of the weights, dynamic qconfig)
+DRAFTER_FORMATS = ("int8", "fp16")
+
+
+def quantize_drafter(member: Member, fmt: str = "fp16") -> Member:
+    """A copy of `member` whose decoder Linear layers AND LM head run through torch's dynamic
+    quantized linears (CPU, fbgemm); the input embeddings stay as they are (a tied head gets its own
+    copy). For drafters only: a cheaper q never changes what the target outputs (verification is
+    lossless for any q), it only changes acceptance.
+
+    fmt "fp16": weights stored in float16, activations and accumulation in float32 (half the bytes
+    a forward streams, the same argmax); "int8": int8 weights per output channel, activations
+    quantized per call (a quarter of the bytes, a coarser law). The head matters: it is 28 % of
+    Qwen2.5-0.5B's weights (151,936 x 896). Measured on a 2-core AMD EPYC (AVX2 only, 2 threads, one
+    token after 300, 2026-12-05): float32 packed 136 ms per forward, fp16 73 ms, int8 46 ms; greedy
+    next-token agreement with float32 teacher-forced on 597 GSM8K tokens: fp16 100 %, int8 77.6 %."""
     import copy
     import warnings
 
+    from torch.ao.quantization import float16_dynamic_qconfig, per_channel_dynamic_qconfig
+
     from runtime.packed_linear import is_packed
 
+    if fmt not in DRAFTER_FORMATS:
+        raise ValueError(f"drafter format {fmt!r}: use one of {', '.join(DRAFTER_FORMATS)}")
     if is_packed(member.model):
-        raise ValueError(f"int8 drafter: {member.name} has packed weights; load it with pack_weights=False")
+        raise ValueError(f"{fmt} drafter: {member.name} has packed weights; load it with pack_weights=False")
     if member.device.type != "cpu":
-        raise ValueError(f"int8 drafter: {member.name} is on {member.device}, and torch's dynamic int8 linear runs "
-                         "on the CPU only; drop '@int8' there (or load the drafter on the CPU)")
+        raise ValueError(f"{fmt} drafter: {member.name} is on {member.device}, and torch's dynamic quantized "
+                         f"linear runs on the CPU only; drop '@{fmt}' there (or load the drafter on the CPU)")
+    if member.dtype != torch.float32:
+        raise ValueError(f"{fmt} drafter: {member.name} is {member.dtype}; quantize it from float32 weights")
     model = copy.deepcopy(member.model)
     inner = getattr(model, "model", None)
     if inner is None:
-        raise ValueError("int8 drafter: expected a *ForCausalLM with a .model decoder")
+        raise ValueError(f"{fmt} drafter: expected a *ForCausalLM with a .model decoder")
+    dtype, qconfig = ((torch.float16, float16_dynamic_qconfig) if fmt == "fp16"
+                      else (torch.qint8, per_channel_dynamic_qconfig))
+
+    def quantize(module: torch.nn.Module) -> torch.nn.Module:
+        return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear: qconfig}, dtype=dtype)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.model = torch.ao.quantization.quantize_dynamic(inner, {torch.nn.Linear}, dtype=torch.qint8)
-    return Member(model, member.tokenizer, name=f"{member.name}-int8", use_chat_template=member.use_chat_template)
+        model.model = quantize(inner)
+        head = model.get_output_embeddings()
+        if isinstance(head, torch.nn.Linear):
+            model.set_output_embeddings(quantize(torch.nn.Sequential(head))[0])
+    return Member(model, member.tokenizer, name=f"{member.name}-{fmt}", use_chat_template=member.use_chat_template)
+
+
+def quantize_int8(member: Member) -> Member:
+    """`quantize_drafter(member, "int8")`."""
+    return quantize_drafter(member, "int8")

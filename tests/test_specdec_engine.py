@@ -251,20 +251,39 @@ def test_make_drafter_specs_and_default_shapes(pair):
     assert [o.text for o in g.generate(PROMPTS, max_new_tokens=16)] == [r.text for r in ref]
 
 
-def test_int8_specs_load_through_the_given_loader(pair):
-    """'NAME@int8' and 'hybrid:NAME@int8' load NAME with the caller's loader, unpacked, and quantize it."""
+@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+def test_quantized_specs_load_through_the_given_loader(pair, fmt):
+    """'NAME@FMT' and 'hybrid:NAME@FMT' load NAME with the caller's loader, float32 and unpacked, and
+    quantize it (decoder layers and LM head); the generator's output is the target's own."""
     from specdec.drafters import make_drafter
 
     target, other = pair
     loaded = []
     load = lambda name, **kw: loaded.append((name, kw)) or other  # noqa: E731
-    d = make_drafter("tiny@int8", load=load)
-    h = make_drafter("hybrid:tiny@int8", load=load)
-    assert loaded == [("tiny", {"pack_weights": False})] * 2
-    assert isinstance(d, ModelDrafter) and d.member.name == f"{other.name}-int8"
-    assert isinstance(h, HybridDrafter) and h.model.member.name == f"{other.name}-int8"
+    d = make_drafter(f"tiny@{fmt}", load=load)
+    h = make_drafter(f"hybrid:tiny@{fmt}", load=load)
+    assert loaded == [("tiny", {"dtype": "float32", "pack_weights": False})] * 2
+    assert isinstance(d, ModelDrafter) and d.member.name == f"{other.name}-{fmt}"
+    assert isinstance(h, HybridDrafter) and h.model.member.name == f"{other.name}-{fmt}"
+    head = d.member.model.get_output_embeddings()
+    assert type(head).__module__.startswith("torch.ao.nn.quantized"), type(head)
     ref = target.generate(PROMPTS[:1], max_new_tokens=8)[0].text
     assert SpeculativeGenerator(target, d).generate(PROMPTS[:1], max_new_tokens=8)[0].text == ref
+
+
+def test_fp16_drafter_keeps_the_float32_argmax(pair):
+    """fp16 weights with float32 activations: the drafter's next-token law stays within float16
+    rounding of the float32 one, so its greedy drafts are (almost always) the float32 drafter's."""
+    from specdec.drafters import quantize_drafter
+
+    _, other = pair
+    q = quantize_drafter(other, "fp16")
+    ids = torch.tensor([[5, 17, 3, 9, 22, 40, 7]])
+    with torch.no_grad():
+        ref = torch.log_softmax(other.model(ids).logits.float(), -1)
+        got = torch.log_softmax(q.model(ids).logits.float(), -1)
+    assert (ref - got).abs().max() < 2e-2
+    assert torch.equal(ref.argmax(-1), got.argmax(-1))
 
 
 def test_parse_drafter_spec_grammar_and_bad_specs(pair, tmp_path):
@@ -274,12 +293,13 @@ def test_parse_drafter_spec_grammar_and_bad_specs(pair, tmp_path):
     cases = {None: ("none", None), "": ("none", None), "none": ("none", None), "lookup": ("lookup", None),
              "qwen2.5-coder-0.5b": ("model", "qwen2.5-coder-0.5b"), "Qwen/Qwen2.5-0.5B": ("model", "Qwen/Qwen2.5-0.5B"),
              "m@int8": ("model-int8", "m"), "hybrid:m": ("hybrid", "m"), "hybrid:m@int8": ("hybrid-int8", "m"),
+             "m@fp16": ("model-fp16", "m"), "hybrid:m@fp16": ("hybrid-fp16", "m"),
              str(tmp_path): ("model", str(tmp_path)), f"hybrid:{tmp_path}@int8": ("hybrid-int8", str(tmp_path))}
     for spec, want in cases.items():
         assert tuple(parse_drafter_spec(spec)) == want, spec
     assert parse_drafter_spec(other).kind == "member" and parse_drafter_spec(PromptLookupDrafter()).kind == "drafter"
     for bad in ("m@int4", "hybrid:", "hybrid:lookup", "hybrid:none", "lookup:3", "hybird:m", "hybrid:hybrid:m", "m@",
-                "@int8", 3, ("a", "b")):
+                "@int8", "@fp16", "m@fp32", "m@bf16", 3, ("a", "b")):
         with pytest.raises(ConfigError) as err:
             make_drafter(bad, load=lambda name, **kw: pytest.fail(f"loaded {name}"))
         assert "\n" not in str(err.value) and "drafter" in str(err.value), bad

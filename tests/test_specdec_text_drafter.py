@@ -259,11 +259,14 @@ T_SAMPLING = {w: SamplingParams(*WARPS[w]) for w in WARPS}
 
 # ---- real models ------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("target_name", ["qwen2.5-coder-0.5b", "gemma3-270m"])
-def test_real_smollm2_drafts_for_another_tokenizer_greedy_equality(target_name):
-    """smollm2-135m (49k-token BPE) drafts for qwen2.5-coder-0.5b (151k BPE) or gemma3-270m (262k
-    SentencePiece): 3 GSM8K + 3 WMT22 prompts x 32 tokens, the ids equal plain greedy decoding, and
-    it drafts well enough to accept more than one token per target forward on average."""
+@pytest.mark.parametrize("target_name,drafter_spec", [("qwen2.5-coder-0.5b", "smollm2-135m"),
+                                                      ("gemma3-270m", "smollm2-135m"),
+                                                      ("gemma3-270m", "smollm2-135m@fp16")])
+def test_real_smollm2_drafts_for_another_tokenizer_greedy_equality(target_name, drafter_spec):
+    """smollm2-135m (49k-token BPE; also with its weights in float16) drafts for qwen2.5-coder-0.5b
+    (151k BPE) or gemma3-270m (262k SentencePiece): 3 GSM8K + 3 WMT22 prompts x 32 tokens, the ids
+    equal plain greedy decoding, and it drafts well enough to accept more than one token per target
+    forward on average."""
     import json
     from pathlib import Path
 
@@ -278,7 +281,7 @@ def test_real_smollm2_drafts_for_another_tokenizer_greedy_equality(target_name):
     de = [line.strip() for line in (data / "wmt22" / "de-en.src").open()][:3]
     prompts = qs + [f"Translate the following German text into English.\n\nGerman: {s}\nEnglish:" for s in de]
     target = load_member(target_name, dtype="float32")
-    g = SpeculativeGenerator(target, make_drafter("smollm2-135m"))
+    g = SpeculativeGenerator(target, make_drafter(drafter_spec))
     assert isinstance(g.drafter, TextDrafter)
     ids = [target.encode_prompt(p) for p in prompts]
     control = DecodeControl(stop_at_eos=False)
@@ -297,7 +300,7 @@ def test_registry_drafters_of_another_tokenizer_pass_the_checks_before_loading()
     from adafuse.cli_generate import check_args
     from eval.methods import check_drafter
 
-    for drafter in ("smollm2-135m", "hybrid:smollm2-135m", "smollm2-135m@int8"):
+    for drafter in ("smollm2-135m", "hybrid:smollm2-135m", "smollm2-135m@int8", "smollm2-135m@fp16"):
         check_drafter("qwen2.5-coder-0.5b", drafter)
     with pytest.raises(ConfigError, match="no drafter kind"):
         check_drafter("qwen2.5-coder-0.5b", "foo:bar")

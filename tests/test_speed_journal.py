@@ -96,3 +96,30 @@ def test_a_crash_of_transformers_assisted_generation_is_a_row_not_the_end(monkey
     # hf-plain: 8 tok / 3 s overall = 2.67 tok/s; on the completed prompt 2 tok/s against 4 -> 0.50
     assert "| 8 | 2.67 | 1.00 | 0.50 |" in plain_line
     assert "hf-assisted crashed on gsm8k#0 (RuntimeError: cannot reshape" in table
+
+
+def test_quantized_drafter_methods_share_one_quantized_copy(monkeypatch):
+    """ours-model16 / hf-assisted16 (and ...8) run on the drafter quantized once from its float32
+    weights (float16 / int8 linears and head); the plain methods keep the float32 drafter."""
+    from runtime.testing import tiny_member
+    from specdec.drafters import ModelDrafter
+
+    target, drafter = tiny_member(seed=0), tiny_member(seed=1)
+    methods = ["hf-plain", "hf-assisted", "hf-assisted16", "ours-model16:greedy:1:2", "ours-model8:greedy:1:2"]
+    monkeypatch.setattr(specdec_speed, "_QUANTIZED", specdec_speed.quantize_if_needed(methods, drafter))
+    assert sorted(specdec_speed._QUANTIZED) == ["16", "8"]
+    assert specdec_speed.quantize_if_needed(["hf-plain", "ours-model:greedy:1:2"], drafter) == {}
+    gen16 = specdec_speed.parse_method("ours-model16:greedy:1:2", target, drafter)
+    gen32 = specdec_speed.parse_method("ours-model:greedy:1:2", target, drafter)
+    assert isinstance(gen16.drafter, ModelDrafter) and gen16.drafter.member is specdec_speed._QUANTIZED["16"]
+    assert gen16.drafter.member.name.endswith("-fp16") and gen32.drafter.member is drafter
+    seen = []
+    monkeypatch.setattr(specdec_speed, "hf_generate",
+                        lambda t, assistant, *a: seen.append(assistant) or ("z", 1))
+
+    class Args:
+        max_new_tokens, seed = 2, 0
+
+    specdec_speed.run_methods(["hf-plain", "hf-assisted", "hf-assisted16"], target, drafter, [("gsm8k", "a")],
+                              [0.0], Args(), {})
+    assert seen == [None, drafter, specdec_speed._QUANTIZED["16"]]
