@@ -358,7 +358,9 @@ def summarize(rows, methods, temps) -> str:
     """The per-(T, method) table. A prompt where transformers' assisted generation crashed (`error` in its
     row) counts for no method's tok/s in the x hf-assisted column: that ratio is over the prompts it
     completed, the same prompts for both sides; a footnote names the crashes."""
-    lines = ["", "| T | method | tokens | tok/s | x hf-plain | x hf-assisted | block eff. | accept d1 | peak RSS GB | greedy agree |",
+    assist_name = _assist_baseline(methods)
+    lines = ["", f"| T | method | tokens | tok/s | x hf-plain | x {assist_name or 'hf-assisted'} | block eff. | accept d1 "
+             "| peak RSS GB | greedy agree |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for temp in temps:
@@ -370,7 +372,7 @@ def summarize(rows, methods, temps) -> str:
             both = [r for r in rs if (r["task"], r["prompt"]) not in failed]
             agg[m] = (rs, _tok_s(rs), _tok_s(both))
         base = agg.get("hf-plain", (None, None))[1]
-        assist = agg.get("hf-assisted", (None, None, None))[2]
+        assist = agg.get(assist_name, (None, None, None))[2]
         plain_text = {(r["task"], r["prompt"]): r["text"] for r in agg.get("hf-plain", ([],))[0]}
         for m in methods:
             rs, tps, tps_both = agg[m]
@@ -394,6 +396,15 @@ def summarize(rows, methods, temps) -> str:
         lines += ["", f"Crashes (transformers' own; of {n_prompts} prompts). The x hf-assisted column compares each "
                   "method with hf-assisted on the prompts hf-assisted completed:"] + notes
     return "\n".join(lines)
+
+
+def _assist_baseline(methods) -> str | None:
+    """The transformers assisted-generation run the x hf-assisted column divides by: `hf-assisted` when run,
+    else its quantized-assistant variant (`hf-assisted16` / `hf-assisted8`: the same assistant ours drafts with)."""
+    for name in ("hf-assisted", "hf-assisted16", "hf-assisted8"):
+        if name in methods:
+            return name
+    return None
 
 
 def _tok_s(rs) -> float:

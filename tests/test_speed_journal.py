@@ -123,3 +123,18 @@ def test_quantized_drafter_methods_share_one_quantized_copy(monkeypatch):
     specdec_speed.run_methods(["hf-plain", "hf-assisted", "hf-assisted16"], target, drafter, [("gsm8k", "a")],
                               [0.0], Args(), {})
     assert seen == [None, drafter, specdec_speed._QUANTIZED["16"]]
+
+
+def test_the_assisted_column_divides_by_the_quantized_assistant_run_when_only_it_ran():
+    """Without a float32 `hf-assisted` run, the x hf-assisted column is taken against `hf-assisted16`
+    (transformers given the same quantized assistant ours drafts with), and its header says so."""
+    rows = [row(0.0, 0, "hf-plain"), row(0.0, 0, "hf-assisted16"), row(0.0, 0, "ours-model16:greedy:1:8")]
+    for r, wall in zip(rows, [3.0, 2.0, 1.0]):
+        r["wall_s"] = wall
+    table = specdec_speed.summarize(rows, [r["method"] for r in rows], [0.0])
+    assert "| x hf-assisted16 |" in table
+    ours = next(l for l in table.splitlines() if "| ours-model16" in l)
+    assert "| 3 | 3.00 | 3.00 | 2.00 |" in ours  # 3 tok/s: 3x hf-plain (1 tok/s), 2x hf-assisted16 (1.5 tok/s)
+    both = specdec_speed.summarize(rows + [row(0.0, 0, "hf-assisted")], ["hf-plain", "hf-assisted", "hf-assisted16"],
+                                   [0.0])
+    assert "| x hf-assisted |" in both
