@@ -2,16 +2,19 @@
 
 This project's machines change CPU between sessions (AVX2 EPYC, Xeon with AMX, EPYC with AVX512-BF16)
 and which dtype decodes faster depends on it: where the CPU computes bfloat16 dot products natively,
-oneDNN's packed bfloat16 linear streams half the bytes of float32; elsewhere bfloat16 is emulated and
-slower. A decode step of these models is dominated by its linear layers with 1-16 rows, so
-`measure_linears` times a packed linear of a decoder's MLP shape (default Qwen2.5-0.5B's 896 x 4864)
-at 1 and 8 rows in each candidate dtype, the dtypes taking turns, and `choose_dtype` keeps bfloat16
-only if it is faster than float32 by a margin (bfloat16 changes the outputs; noise must not flip a
-choice). It measures on one thread: the ratio is a property of the core, and two threads on a loaded
-2-core machine spin against other jobs (measured here: 1 thread 11.9 vs 5.1 ms, bfloat16 2.3x faster;
-2 threads beside two other jobs 34.1 vs 35.2 ms). The choice is cached per CPU (model name +
-bf16/AMX flags) and torch version in `$ADAFUSE_CACHE/dtype_choice.json`, so it is measured once per
-machine kind (about 1 s).
+oneDNN's packed bfloat16 linear streams half the bytes of float32; elsewhere bfloat16 is emulated
+(unpacked `nn.Linear`), which still halves the bytes streamed and may or may not win (an idle 2-core
+AVX2 EPYC, 2026-12-05: a qwen-0.5b forward took 79 ms in unpacked bfloat16 vs 136 ms in packed
+float32), so it is measured there too rather than assumed slow. A decode step of these models is
+dominated by its linear layers with 1-16 rows, so `measure_linears` times a linear of a decoder's MLP
+shape (default Qwen2.5-0.5B's 896 x 4864) at 1 and 8 rows in each candidate dtype, packed as the
+loader would pack it (`_linear`), the dtypes taking turns, and `choose_dtype` keeps bfloat16 only if it
+is faster than float32 by a margin (bfloat16 changes the outputs; noise must not flip a choice). It
+measures on one thread: the ratio is a property of the core, and two threads on a loaded 2-core
+machine spin against other jobs (measured here: 1 thread 11.9 vs 5.1 ms, bfloat16 2.3x faster; 2
+threads beside two other jobs 34.1 vs 35.2 ms). The choice is cached per CPU (model name + bf16/AMX
+flags) and torch version in `$ADAFUSE_CACHE/dtype_choice.json`, so it is measured once per machine
+kind (about 1 s).
 """
 from __future__ import annotations
 
@@ -85,8 +88,9 @@ def measure_linears(dtypes: tuple[torch.dtype, ...], shape: tuple[int, int] = DE
 
 
 def choose_dtype(shape: tuple[int, int] = DEFAULT_SHAPE) -> DtypeChoice:
-    """Measure now (no cache): bfloat16 if this CPU has it natively and it beats float32 by the margin."""
-    dtypes = (torch.float32, torch.bfloat16) if native_bf16() else (torch.float32,)
+    """Measure now (no cache): bfloat16 if it beats float32 by the margin on this CPU (packed where the
+    CPU has it natively, else unpacked: as the loader would run it)."""
+    dtypes = (torch.float32, torch.bfloat16)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -29,13 +29,14 @@ def _times(fp32: float, bf16: float | None):
     (True, 10.0, 5.0, "bfloat16"),     # clearly faster
     (True, 10.0, 9.0, "float32"),      # within the margin: noise must not flip to a lossy dtype
     (True, 10.0, 12.0, "float32"),
-    (False, 10.0, 1.0, "float32"),     # no native bfloat16: not even measured
+    (False, 10.0, 5.0, "bfloat16"),    # no native bfloat16: measured all the same (unpacked)
+    (False, 10.0, 9.0, "float32"),
 ])
 def test_choice_follows_the_measurement(monkeypatch, native, fp32, bf16, want) -> None:
     monkeypatch.setattr(dtype_choice, "native_bf16", lambda: native)
     monkeypatch.setattr(dtype_choice, "measure_linears", _times(fp32, bf16))
     choice = dtype_choice.choose_dtype()
-    assert choice.dtype == want and ("bfloat16" in choice.ms) == native
+    assert choice.dtype == want and set(choice.ms) == {"float32", "bfloat16"}
     assert torch.get_num_threads() >= 1 and choice.cpu.startswith(dtype_choice.cpu_name().split(" [")[0])
 
 
@@ -57,6 +58,13 @@ def test_measured_once_then_cached_per_cpu(cache, monkeypatch) -> None:
     cache.write_text("{not json")                                      # a broken cache is measured again
     dtype_choice._memo.clear()
     assert dtype_choice.fastest_dtype().dtype == "float32"
+
+
+def test_emulated_bfloat16_is_measured_unpacked(monkeypatch) -> None:
+    monkeypatch.setattr(dtype_choice, "native_bf16", lambda: False)
+    assert type(dtype_choice._linear(torch.bfloat16, 64, 128)) is torch.nn.Linear
+    ms = dtype_choice.measure_linears((torch.float32, torch.bfloat16), shape=(64, 128), rounds=2, calls=2)
+    assert set(ms) == {"float32", "bfloat16"} and min(ms.values()) > 0
 
 
 def test_real_measurement_runs_and_unknown_dtype_is_one_line(cache) -> None:
