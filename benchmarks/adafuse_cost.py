@@ -9,6 +9,8 @@ alike), and prints:
 - forward passes per output word, per member;
 - wall time per output word, ensemble / slowest member alone (the goal is <= 2x), also without the
   time spent in prompt prefill (`Member.start`; each run starts with empty prefix caches);
+- where an ensemble's decoding time goes, in units of the slowest member alone's (its "x without
+  prefill" split): the time inside each model's forwards, and the rest (Python, tokenisation, fusion);
 - accuracy (exact match on the final number) of each run, for orientation only (few questions).
 
 Words are `adafuse.words.count_words` units of the output text. With `--normalisation` it instead
@@ -60,25 +62,41 @@ def batches(prompts, batch_size):
 
 
 PREFILL_S = [0.0]  # seconds spent in Member.start (prompt prefill), see `time_prefill`
+FORWARD_S: dict[str, float] = {}  # per model name, seconds inside its decoding forwards (prefill excluded)
 
 
 def time_prefill() -> None:
-    """Accumulate the wall time of every `Member.start` into PREFILL_S (to report decoding alone)."""
+    """Accumulate the wall time of every `Member.start` into PREFILL_S (to report decoding alone), and
+    of every model call on a KV state outside prefill into FORWARD_S[model name] (where the time goes)."""
+    from runtime.kv_state import KVState
     from runtime.member import Member
 
-    start = Member.start
+    start, run_model = Member.start, KVState._run_model
+    in_prefill = [False]
 
     def timed(self, prompts_ids, *args, **kwargs):
         t0 = time.perf_counter()
+        in_prefill[0] = True
         try:
             return start(self, prompts_ids, *args, **kwargs)
         finally:
+            in_prefill[0] = False
             PREFILL_S[0] += time.perf_counter() - t0
 
+    def timed_forward(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return run_model(self, *args, **kwargs)
+        finally:
+            if not in_prefill[0]:
+                name = self.member.name
+                FORWARD_S[name] = FORWARD_S.get(name, 0.0) + time.perf_counter() - t0
+
     Member.start = timed
+    KVState._run_model = timed_forward
 
 
-def summarise(name, outs, members, task, docs, wall, prefill=0.0):
+def summarise(name, outs, members, task, docs, wall, prefill=0.0, forward_s=None):
     from adafuse.words import count_words
 
     words = sum(count_words(o.text) for o in outs)
@@ -89,6 +107,9 @@ def summarise(name, outs, members, task, docs, wall, prefill=0.0):
            "prefill_s": round(prefill, 2), "decode_s_per_word": (wall - prefill) / max(words, 1),
            "fwd_per_word": {k: round(v / max(words, 1), 3) for k, v in fwd.items() if v},
            "accuracy": accuracy(task, docs, [o.text for o in outs])}
+    if forward_s is not None:  # decoding time inside each model's forwards, and the rest (Python, sampling, ...)
+        row["forward_s_per_word"] = {k: round(v / max(words, 1), 4) for k, v in forward_s.items() if v}
+        row["other_s_per_word"] = round((wall - prefill - sum(forward_s.values())) / max(words, 1), 4)
     stats = [o.stats for o in outs if o.stats and "rounds" in o.stats]
     if stats:
         rounds = sum(s["rounds"] for s in stats)
@@ -141,17 +162,22 @@ def cost_main(args) -> None:
     outs = {name: [] for name, _ in runs}
     wall = {name: 0.0 for name, _ in runs}
     prefill = {name: 0.0 for name, _ in runs}
+    forward_s: dict[str, dict[str, float]] = {name: {} for name, _ in runs}
     for batch in batches(prompts, args.batch_size):
         for name, generate in runs:
             for m in members:
                 m.prefix_cache = caches[name][m.name]
             t0, p0 = time.perf_counter(), PREFILL_S[0]
+            FORWARD_S.clear()
             outs[name].extend(generate(batch))
             wall[name] += time.perf_counter() - t0
             prefill[name] += PREFILL_S[0] - p0
+            for k, v in FORWARD_S.items():
+                forward_s[name][k] = forward_s[name].get(k, 0.0) + v
         print(f"    {len(outs[runs[0][0]])}/{len(prompts)} " +
               " ".join(f"{name} {wall[name]:.0f}s" for name, _ in runs), file=sys.stderr, flush=True)
-    results = [summarise(name, outs[name], members, task, docs, wall[name], prefill[name]) for name, _ in runs]
+    results = [summarise(name, outs[name], members, task, docs, wall[name], prefill[name], forward_s[name])
+               for name, _ in runs]
     for r in results:
         print(json.dumps(r), flush=True)
     if args.save:
@@ -169,6 +195,10 @@ def cost_main(args) -> None:
             if r not in alone:
                 r["ratio_to_slowest_alone"] = round(r["s_per_word"] / slowest["s_per_word"], 3)
                 r["decode_ratio_to_slowest_alone"] = round(r["decode_s_per_word"] / slowest["decode_s_per_word"], 3)
+                if "forward_s_per_word" in r:  # the decode ratio split: each model's forwards, then the rest
+                    base = max(slowest["decode_s_per_word"], 1e-9)
+                    r["decode_shares"] = {**{k: round(v / base, 3) for k, v in r["forward_s_per_word"].items()},
+                                          "other": round(r["other_s_per_word"] / base, 3)}
                 print(f"\n{r['run']}: wall time per output word {r['s_per_word']:.3f} s, slowest alone "
                       f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {r['ratio_to_slowest_alone']:.2f}x "
                       f"(without prompt prefill: {r['decode_s_per_word']:.3f} vs {slowest['decode_s_per_word']:.3f} s "
@@ -183,14 +213,16 @@ def cost_markdown(results, args) -> str:
     lines = [f"# AdaFuse cost on GSM8K ({args.limit} questions, {args.max_new_tokens} new tokens, batch {args.batch_size})",
              "", f"    {cmd}", "",
              "| run | words | wall s | prefill s | s / word | x slowest alone | x without prefill | ensembled rounds "
-             "| words / round | gate decisions | forward passes / word | accuracy |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|--:|"]
+             "| words / round | gate decisions | forward passes / word | x without prefill, by model | accuracy |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|--:|"]
     for r in results:
         lines.append(f"| {r['run']} | {r['words']} | {r['wall_s']:.0f} | {r['prefill_s']:.0f} | {r['s_per_word']:.3f} | "
                      f"{r.get('ratio_to_slowest_alone', '-')} | {r.get('decode_ratio_to_slowest_alone', '-')} | "
                      f"{r.get('ensemble_share', '-')} | "
                      f"{r.get('words_per_round', '-')} | {r.get('gate_decisions', '-')} | "
-                     f"{', '.join(f'{k} {v}' for k, v in r['fwd_per_word'].items())} | {r['accuracy']:.2f} |")
+                     f"{', '.join(f'{k} {v}' for k, v in r['fwd_per_word'].items())} | "
+                     f"{', '.join(f'{k} {v}' for k, v in r.get('decode_shares', {}).items()) or '-'} | "
+                     f"{r['accuracy']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
