@@ -107,8 +107,13 @@ def _cache_file() -> Path:
     return cache_root() / "dtype_choice.json"
 
 
+MEASURE_VERSION = 2  # bumped when what `choose_dtype` measures changes (2: bfloat16 measured on every CPU)
+
+
 def _key() -> str:
-    return f"{cpu_name()} | torch {torch.__version__}"
+    """The cache key: CPU, torch version and measurement version (a choice cached by an older
+    measurement is measured again)."""
+    return f"{cpu_name()} | torch {torch.__version__} | measure v{MEASURE_VERSION}"
 
 
 _memo: dict[str, DtypeChoice] = {}
