@@ -188,24 +188,31 @@ def cost_main(args) -> None:
                 for d, o in zip(docs, outs[name]):
                     f.write(json.dumps({"id": d["id"], "text": o.text, "stats": o.stats,
                                         "trace": [r.to_dict() for r in o.trace or []]}) + "\n")
-    alone = [r for r in results if r["run"] in {m.name for m in members}]
-    if alone:
-        slowest = max(alone, key=lambda r: r["s_per_word"])
-        for r in results:
-            if r not in alone:
-                r["ratio_to_slowest_alone"] = round(r["s_per_word"] / slowest["s_per_word"], 3)
-                r["decode_ratio_to_slowest_alone"] = round(r["decode_s_per_word"] / slowest["decode_s_per_word"], 3)
-                if "forward_s_per_word" in r:  # the decode ratio split: each model's forwards, then the rest
-                    base = max(slowest["decode_s_per_word"], 1e-9)
-                    r["decode_shares"] = {**{k: round(v / base, 3) for k, v in r["forward_s_per_word"].items()},
-                                          "other": round(r["other_s_per_word"] / base, 3)}
-                print(f"\n{r['run']}: wall time per output word {r['s_per_word']:.3f} s, slowest alone "
-                      f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {r['ratio_to_slowest_alone']:.2f}x "
-                      f"(without prompt prefill: {r['decode_s_per_word']:.3f} vs {slowest['decode_s_per_word']:.3f} s "
-                      f"-> {r['decode_ratio_to_slowest_alone']:.2f}x)")
+    add_ratios(results, {m.name for m in members})
     print(json.dumps({"config": vars(args), "results": results}))
     if args.markdown:
         Path(args.markdown).write_text(cost_markdown(results, args))
+
+
+def add_ratios(results, alone_names) -> None:
+    """Add to each ensemble row its ratios to the slowest member alone (wall and decode time per word)
+    and the decode ratio split by model (`decode_shares`), and print them."""
+    alone = [r for r in results if r["run"] in alone_names]
+    if not alone:
+        return
+    slowest = max(alone, key=lambda r: r["s_per_word"])
+    for r in results:
+        if r not in alone:
+            r["ratio_to_slowest_alone"] = round(r["s_per_word"] / slowest["s_per_word"], 3)
+            r["decode_ratio_to_slowest_alone"] = round(r["decode_s_per_word"] / slowest["decode_s_per_word"], 3)
+            if "forward_s_per_word" in r:  # the decode ratio split: each model's forwards, then the rest
+                base = max(slowest["decode_s_per_word"], 1e-9)
+                r["decode_shares"] = {**{k: round(v / base, 3) for k, v in r["forward_s_per_word"].items()},
+                                      "other": round(r["other_s_per_word"] / base, 3)}
+            print(f"\n{r['run']}: wall time per output word {r['s_per_word']:.3f} s, slowest alone "
+                  f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {r['ratio_to_slowest_alone']:.2f}x "
+                  f"(without prompt prefill: {r['decode_s_per_word']:.3f} vs {slowest['decode_s_per_word']:.3f} s "
+                  f"-> {r['decode_ratio_to_slowest_alone']:.2f}x)")
 
 
 def cost_markdown(results, args) -> str:
