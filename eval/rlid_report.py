@@ -39,6 +39,14 @@ def _live(r: dict) -> str:
     return f"{100 * r['live_moves']:.1f} ({100 * r['live_chance']:.1f})" if "live_moves" in r else ""
 
 
+def _wins(r: dict) -> str:
+    """'taken % (chance %) of n' at the decisions where some option solves the puzzle at once, blank where
+    not measured (`rlid.evaluate.live_moves`)."""
+    if "wins_taken" not in r:
+        return ""
+    return f"{100 * r['wins_taken']:.1f} ({100 * r['win_chance']:.1f}) of {r['win_decisions']}"
+
+
 def table(folder: Path) -> str:
     """The markdown table of `folder/eval/*.json` (paired columns: vs the untrained LDM and vs token-level RL)."""
     results = load_results(folder)
@@ -46,13 +54,14 @@ def table(folder: Path) -> str:
         return f"(no evaluated policies under {folder / 'eval'})"
     base, tok = results.get("untrained"), results.get("token")
     lines = ["| policy | held-out seeds | success % [95 % CI] | vs untrained LDM (pp) | vs token-level RL (pp) "
-             "| invalid actions | moves kept solvable % (chance %) | decisions / s |", "|---|--:|---|---|---|--:|--:|--:|"]
+             "| invalid actions | moves kept solvable % (chance %) | winning moves taken % (chance %) | decisions / s |",
+             "|---|--:|---|---|---|--:|--:|--:|--:|"]
     for name, r in results.items():
         vs_base = _diff(r["per_seed"], base["per_seed"]) if base and name != "untrained" else ""
         vs_tok = _diff(r["per_seed"], tok["per_seed"]) if tok and name != "token" else ""
         lines.append(f"| {name} | {r['episodes']} | {100 * r['success']:.1f} [{100 * r['success_lo']:.1f}, "
                      f"{100 * r['success_hi']:.1f}] | {vs_base} | {vs_tok} | {r['invalid']} "
-                     f"({r['invalid'] / max(1, r['decisions']):.0%}) | {_live(r)} | {r['decisions_per_s']:.2f} |")
+                     f"({r['invalid'] / max(1, r['decisions']):.0%}) | {_live(r)} | {_wins(r)} | {r['decisions_per_s']:.2f} |")
     ens = results.get("ensemble")
     if ens:
         lines += ["", f"Ensemble of {', '.join(ens['members'])}: the gate consulted the others on "

@@ -98,12 +98,15 @@ def live_moves(make_env: Callable[[], Environment], episodes: Sequence[Episode])
     share of such options in the same menus (what a uniformly random choice gets at those states), and
     `live_decisions`, how many were counted. Each episode is replayed from its seed on a fresh env
     (invalid token-level steps, which do not move the env, are skipped; moves left are the env's own
-    count). None for an environment without a solvability check."""
+    count). Also `wins_taken`: at the decisions where some option solves the puzzle at once
+    (`env.option_wins()`; `win_decisions` of them), the share where the policy took one, beside
+    `win_chance`, the mean share of winning options there. None for an environment without a
+    solvability check."""
     env = make_env()
     if not hasattr(env, "option_values"):
         return None
-    chosen = chance = 0.0
-    n = 0
+    chosen = chance = won = win_chance = 0.0
+    n = n_win = 0
     for ep in episodes:
         env.reset(ep.seed)
         for t in ep.transitions:
@@ -120,5 +123,15 @@ def live_moves(make_env: Callable[[], Environment], episodes: Sequence[Episode])
             chosen += live[t.action]
             chance += sum(live) / len(live)
             n += 1
+            wins = env.option_wins()
+            if any(wins):
+                won += wins[t.action]
+                win_chance += sum(wins) / len(wins)
+                n_win += 1
             env.step(t.action)
-    return {"live_moves": chosen / n, "live_chance": chance / n, "live_decisions": n} if n else None
+    if not n:
+        return None
+    out = {"live_moves": chosen / n, "live_chance": chance / n, "live_decisions": n, "win_decisions": n_win}
+    if n_win:
+        out.update(wins_taken=won / n_win, win_chance=win_chance / n_win)
+    return out

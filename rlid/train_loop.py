@@ -35,7 +35,7 @@ TIME_FIELDS = ("wall_s", "rollout_s", "update_s", "decisions_per_s")
 # chunks' gradients add up to the same one; only float rounding follows the chunking)
 RESUMABLE_FIELDS = ("max_steps", "max_wall_s", "progress", "checkpoint_every", "keep_checkpoints", "rescore_batch")
 LOG, CONFIG, CHECKPOINTS = "log.jsonl", "config.json", "checkpoints"
-DECISION_ONLY = ("exact_last_move", "exact_values", "shuffle_menus")   # settings of the labelled menu
+DECISION_ONLY = ("exact_last_move", "exact_values", "value_discount", "shuffle_menus")   # settings of the labelled menu
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ class TrainConfig:
     `exact_values` (decision plane): every decision is scored so, with the options' Q* from the
     environment's solvability check (`option_values()`: 1 where the puzzle stays solvable, else
     what the option earns) — the all-action policy gradient with the environment as its critic.
+    `value_discount` γ (with `exact_values`; None = 1): a live option is worth γ^d instead of 1, d the
+    fewest moves still needed after it (`solution_length()`), so an option that wins now beats one
+    that keeps a long solution open — Q* of an optimal continuation that finds each later move with
+    probability γ, closer to what a weak policy's own continuation earns.
     `shuffle_menus` (decision plane): rollouts show each menu in a fresh random order, so a
     preference for a label or a position earns nothing and only what the options say can be learned.
     `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
@@ -80,6 +84,7 @@ class TrainConfig:
     invalid_penalty: float = -0.1
     exact_last_move: bool = False
     exact_values: bool = False
+    value_discount: float | None = None
     shuffle_menus: bool = False
     progress: bool = True
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -102,6 +107,11 @@ class TrainConfig:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.exact_last_move and self.exact_values:
             raise ConfigError("exact_values already scores every last move exactly; set exact_last_move or exact_values, not both")
+        if self.value_discount is not None:
+            if not self.exact_values:
+                raise ConfigError("value_discount discounts the exact option values: set exact_values: true with it")
+            if not 0.0 < self.value_discount <= 1.0:
+                raise ConfigError(f"value_discount must be in (0, 1], got {self.value_discount}")
         if self.rescore_batch is not None and self.rescore_batch < 1:
             raise ConfigError(f"rescore_batch must be at least 1 (or null), got {self.rescore_batch}")
 

@@ -51,11 +51,13 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     dec = json.loads((out / "eval" / "decision.json").read_text())
     assert dec["episodes"] == 4 and dec["invalid"] == 0 and len(dec["per_seed"]) == 4
     assert dec["live_decisions"] == 4 and dec["live_moves"] == pytest.approx(dec["success"])  # ARC-1D: one move
+    assert dec["win_decisions"] == 4 and dec["wins_taken"] == pytest.approx(dec["success"])   # ... with the answer on it
     ens = json.loads((out / "eval" / "ensemble.json").read_text())
     assert ens["consult_rate"] == 1.0                               # threshold 1.0: always consults
     assert main(["rlid", "report", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| decision | 4 |" in text and (out / "learning_curve.png").exists() and (out / "report.md").exists()
+    assert "winning moves taken % (chance %)" in text and f"{100 * dec['wins_taken']:.1f} (" in text
     assert "moves kept solvable % (chance %)" in text and f"{100 * dec['live_moves']:.1f} (" in text
 
 

@@ -23,14 +23,14 @@ def _one_thread(one_thread):
     yield
 
 
-def _replayed_values(episodes) -> dict[int, dict[str, float]]:
+def _replayed_values(episodes, discount: float = 1.0) -> dict[int, dict[str, float]]:
     """Q* by option text of every transition's state (id), replayed on a fresh env from its seed."""
     env, out = CountdownEnv(OPTIONS), {}
     for ep in episodes:
         env.reset(ep.seed)
         for t in ep.transitions:
             assert tuple(env.menu()) == t.state.actions
-            out[id(t.state)] = dict(zip(env.menu(), env.option_values()))
+            out[id(t.state)] = dict(zip(env.menu(), env.option_values(discount=discount)))
             env.step(t.action)
     return out
 
@@ -108,3 +108,24 @@ def test_exact_values_with_shuffled_countdown_menus_follow_the_shown_options_and
     accumulated, mine = got["grads"]
     assert torch.allclose(accumulated, mine, rtol=1e-4, atol=1e-7)
     assert got["after"] > got["before"], (got["before"], got["after"])
+
+
+def test_value_discount_records_discounted_option_values_and_is_validated():
+    """`value_discount` γ: the rollouts record option_values(discount=γ) at every decision (replayed on a
+    fresh env), and some live option is worth γ^d < 1; it needs exact_values and a γ in (0, 1]."""
+    from runtime.errors import ConfigError
+    dm = DecisionModel(tiny_member("llama", tokenizer=char_tokenizer(), seed=1, hidden=64))
+    trainer = DecisionTrainer(dm, lambda: CountdownEnv(OPTIONS), config(
+        train_seeds=tuple(range(8)), seeds_per_step=4, group_size=2, lr=1e-3, max_steps=1, rescore_batch=4,
+        exact_values=True, value_discount=0.5, seed=3))
+    episodes, _ = trainer.collect([0, 1, 2, 3])
+    q = _replayed_values(episodes, discount=0.5)
+    seen = [v for ep in episodes for t in ep.transitions for v in t.option_rewards]
+    for ep in episodes:
+        for t in ep.transitions:
+            assert t.option_rewards == pytest.approx([q[id(t.state)][a] for a in t.state.actions])
+    assert 0.5 in seen or 0.25 in seen                                # a live option, discounted
+    with pytest.raises(ConfigError, match="exact_values"):
+        config(max_steps=1, value_discount=0.5)
+    with pytest.raises(ConfigError, match="value_discount must be"):
+        config(max_steps=1, exact_values=True, value_discount=1.5)

@@ -52,3 +52,37 @@ def test_invalid_token_steps_are_skipped_and_unsolvable_envs_give_none():
     stats = live_moves(Arc1DEnv, arc)
     assert stats["live_moves"] == pytest.approx(sum(ep.success for ep in arc) / 6)
     assert stats["live_chance"] == pytest.approx(sum(1 / len(ep.transitions[0].state.actions) for ep in arc) / 6)
+
+
+def test_wins_taken_counts_the_decisions_where_a_winning_option_was_on_the_menu():
+    env = CountdownEnv(CountdownOptions())
+    env.reset_to([3, 4, 5], 12)
+    assert [m for m, w in zip(env.menu(), env.option_wins()) if w] == ["3 * 4 = 12"]
+    make = lambda: CountdownEnv(CountdownOptions(end_on_dead_end=True))  # noqa: E731
+    probe = make()
+
+    def take_a_win(states):       # the winning option when there is one, else the first (one env: seeds in turn)
+        wins = probe.option_wins()
+        return [wins.index(True) if any(wins) else 0]
+
+    first = lambda states: [0] * len(states)  # noqa: E731
+    episodes = []
+    for seed in range(30):
+        probe.reset(seed)
+        episodes.append(run_episode(probe, take_a_win, seed))
+    stats = live_moves(make, episodes)
+    assert stats["win_decisions"] > 0 and stats["wins_taken"] == 1.0
+    assert 0.0 < stats["win_chance"] < 1.0
+    plain = run_episodes(make, first, range(30))
+    seen = []                                                  # (wins, action) replayed by hand
+    for ep in plain:
+        env = make()
+        env.reset(ep.seed)
+        for t in ep.transitions:
+            if any(env.option_wins()):
+                seen.append((env.option_wins(), t.action))
+            env.step(t.action)
+    stats = live_moves(make, plain)
+    assert stats["win_decisions"] == len(seen) > 0
+    assert stats["wins_taken"] == pytest.approx(sum(w[a] for w, a in seen) / len(seen))
+    assert stats["win_chance"] == pytest.approx(sum(sum(w) / len(w) for w, _ in seen) / len(seen))

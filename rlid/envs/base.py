@@ -149,20 +149,39 @@ class MenuEnvironment:
         every option ends it), each executed on a copy of this state; None otherwise."""
         return self.option_values() if not self._done and self.steps_left == 1 else None   # every option ends it
 
-    def option_values(self) -> list[float] | None:
+    def option_values(self, discount: float = 1.0) -> list[float] | None:
         """Q*(s, a) of every menu option under this environment's return, each option executed on a
         copy: its reward where it ends the episode, else 1.0 if the puzzle can still be solved in the
         moves left (an optimal continuation then succeeds) and the failure reward if it cannot (a
         dead end earns no more moves kept). At a last move this is `last_move_rewards()`. Needs
-        `solvable()`; None once the episode is over."""
+        `solvable()`; None once the episode is over. `discount` γ < 1: a live option is worth γ^d,
+        d = `solution_length()` after it (the fewest moves still needed; needs that method)."""
+        if not 0.0 < discount <= 1.0:
+            raise ValueError(f"discount must be in (0, 1], got {discount}")
         if self._done:
             return None
         values = []
         for i in range(len(self.menu())):
             twin = self._twin()
             result = twin.step(i)
-            values.append(result.reward if result.done else (1.0 if twin.alive() else twin.failure_reward()))
+            if result.done:
+                values.append(result.reward)
+            elif not twin.alive():
+                values.append(twin.failure_reward())
+            else:
+                values.append(1.0 if discount == 1.0 else discount ** twin.solution_length())
         return values
+
+    def option_wins(self) -> list[bool] | None:
+        """Which menu options solve the puzzle at once, each executed on a copy; None once the
+        episode is over."""
+        if self._done:
+            return None
+        return [self._twin().step(i).success for i in range(len(self.menu()))]
+
+    def solution_length(self) -> int | None:
+        """Fewest moves from here to a solved state within the moves left (None: not possible)."""
+        raise NotImplementedError(f"{self.name}: no solution_length(); option values with a discount need it")
 
     def _twin(self) -> "MenuEnvironment":
         """A copy that can be stepped without touching this one (containers copied, values shared:

@@ -202,3 +202,9 @@ class CountdownEnv(MenuEnvironment):
     def solvable(self) -> bool:
         """Whether the target can still be reached within the moves left (exact search)."""
         return reachable(self.numbers, self.target, self.steps_left, self.operators)
+
+    def solution_length(self) -> int | None:
+        """Fewest moves that put the target among the numbers, within the moves left (None: not
+        possible; 0 when it is there already)."""
+        return next((k for k in range(self.steps_left + 1)
+                     if reachable(self.numbers, self.target, k, self.operators)), None)
