@@ -10,7 +10,6 @@ with `option_values`, every transition records every option's Q* (`env.option_va
 from __future__ import annotations
 
 import functools
-
 import operator
 from typing import Callable, Iterable, Sequence
 
@@ -46,7 +45,8 @@ def checked_choices(choices: Sequence[int], states: Sequence[DecisionState]) -> 
 
 
 def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[int], memory_k: int,
-              last_move_rewards: bool = False, option_values: bool | float = False) -> list[Episode]:
+              last_move_rewards: bool = False, option_values: bool = False,
+              value_discount: float = 1.0) -> list[Episode]:
     if last_move_rewards and option_values:
         raise ValueError("ask for last_move_rewards or option_values, not both (option values include last moves)")
     peek_name = "option_values" if option_values else "last_move_rewards" if last_move_rewards else None
@@ -60,8 +60,8 @@ def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[
         still = []
         for i, state, choice in zip(live, states, choices):
             peek = getattr(envs[i], peek_name, None) if peek_name else None
-            if peek is not None and option_values is not True and option_values:
-                peek = functools.partial(peek, discount=float(option_values))
+            if peek is not None and option_values and value_discount != 1.0:
+                peek = functools.partial(peek, discount=value_discount)
             options = peek() if peek is not None else None
             result = envs[i].step(choice)
             episodes[i].transitions.append(Transition(state=state, action=choice, result=result, option_rewards=options))
@@ -79,10 +79,11 @@ def run_episode(env: Environment, policy_fn: PolicyFn, seed: int, memory_k: int 
 
 
 def run_episodes(make_env_fn: Callable[[], Environment], policy_fn: PolicyFn, seeds: Iterable[int],
-                 memory_k: int = 0, last_move_rewards: bool = False, option_values: bool | float = False) -> list[Episode]:
+                 memory_k: int = 0, last_move_rewards: bool = False, option_values: bool = False,
+                 value_discount: float = 1.0) -> list[Episode]:
     """One episode per seed (in `seeds` order), each in its own `make_env_fn()` environment, stepped
     in lockstep: every `policy_fn` call is one batch over all episodes still running. `option_values`
-    True records `env.option_values()` at every decision; a float γ < 1 records `option_values(discount=γ)`."""
+    records `env.option_values(discount=value_discount)` at every decision."""
     seeds = list(seeds)
     envs = [make_env_fn() for _ in seeds]
-    return _lockstep(envs, policy_fn, seeds, memory_k, last_move_rewards, option_values)
+    return _lockstep(envs, policy_fn, seeds, memory_k, last_move_rewards, option_values, value_discount)

@@ -88,7 +88,8 @@ class DecisionTrainer(TrainerBase):
         """The rollouts (`self.rollout`, lockstep, options drawn by `choose`); payload = the state."""
         self._acted, self._exact, self._perm = {}, {}, {}
         c = self.config
-        rollout = (functools.partial(self.rollout, option_values=c.value_discount or True) if c.exact_values else
+        discount = {} if c.value_discount is None else {"value_discount": c.value_discount}
+        rollout = (functools.partial(self.rollout, option_values=True, **discount) if c.exact_values else
                    functools.partial(self.rollout, last_move_rewards=True) if c.exact_last_move else self.rollout)
         episodes = rollout(self.make_env, self.choose, run_seeds, memory_k=c.memory_k)
         if c.exact_last_move or c.exact_values:
