@@ -48,7 +48,7 @@ def _adapter_dir(cfg: RlidConfig, plane: str) -> Path | None:
 
 
 def _member(cfg: RlidConfig, name: str | None = None, adapter: Path | None = None, trainable: bool = False):
-    """A loaded member and its adapter: to train, a fresh LoRA adapter on plain Linear layers; with an
+    """A loaded member and its adapter: to train, a fresh LoRA adapter, the frozen layers packed; with an
     `adapter` folder for inference, that adapter folded into the (packed) weights, returned as None."""
     from rlid.lora import LoraSpec, add_lora
     from runtime.member import load_member
@@ -62,6 +62,8 @@ def _member(cfg: RlidConfig, name: str | None = None, adapter: Path | None = Non
         if not trainable:  # inference only: fold the adapter into the weights, then pack them
             lora.merge_for_inference()
             lora = None
+        else:              # training: the frozen layers packed (faster forwards, same gradients to rounding)
+            lora.pack_frozen()
     return member, lora
 
 

@@ -112,14 +112,29 @@ class LoraAdapter:
                               f"resume with the model it was trained on")
         self.weights_changed()
 
+    def pack_frozen(self) -> int:
+        """Pack the model's frozen Linear layers for faster forwards while the adapter trains
+        (`runtime.packed_linear.pack_frozen_linear_weights`: the LoRA base layers, MLPs and LM head;
+        the input gradient still flows through them). Same outputs and gradients to float rounding.
+        The adapter still trains, saves and loads; it can no longer be merged into this model (load it
+        into a freshly loaded one). Returns how many layers were packed."""
+        from runtime.packed_linear import pack_frozen_linear_weights
+
+        count = pack_frozen_linear_weights(self.member.model)
+        self.weights_changed()
+        return count
+
     def merge_for_inference(self, pack: bool = True) -> nn.Module:
         """Fold the adapter into the base weights (peft's `merge_and_unload`: W + (alpha / r) B A, the
         LoRA layers replaced by plain Linear ones, in place) and, on CPU, pack them for speed
         (`runtime.packed_linear`) — the unmerged adapter runs two extra matmuls per adapted layer.
         Same outputs to float rounding; the adapter cannot be trained or saved afterwards. Returns
         the member's model."""
-        from runtime.packed_linear import pack_linear_weights, packable_dtypes
+        from runtime.packed_linear import PackedLinear, pack_linear_weights, packable_dtypes
 
+        if any(isinstance(m, PackedLinear) for m in self.peft_model.modules()):
+            raise ConfigError("this model's frozen layers were packed for training (pack_frozen), so the adapter "
+                              "cannot be merged into them; save it and load it into a freshly loaded model")
         model = self.peft_model.merge_and_unload()
         self.member.model = model
         if pack and next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype in packable_dtypes():

@@ -17,6 +17,10 @@ be slower than `nn.Linear`.
 A weight shared with another module (a tied LM head) stays referenced there; any other original
 weight is released, so packing costs no extra memory except for tied heads.
 
+`pack_frozen_linear_weights(model)`: the same for a model being fine-tuned (LoRA): its frozen layers are
+packed and keep their plain weight for the input's gradient, so RL rollouts and the forward half of
+every update run on packed weights.
+
 `only_tokens(valid)`: inside this context, a packed layer whose input has the mask's leading shape
 [B, N] multiplies only the True positions and writes zeros at the others. Batches of rows with
 different numbers of new tokens (padded to the longest) then cost their real token count in every
@@ -113,10 +117,27 @@ def packing_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-class PackedLinear(nn.Module):
-    """`y = x W^T + b` with W reordered once for oneDNN. Inference only (no autograd through W)."""
+class _FrozenPackedMatmul(torch.autograd.Function):
+    """rows W^T + b through the packed weight; the gradient flows to the rows only (W and b frozen),
+    through the kept plain W: d rows = d y W — what `nn.Linear`'s backward computes for its input."""
 
-    def __init__(self, linear: nn.Linear, batch_hint: int = DEFAULT_BATCH_HINT, role: str = "body"):
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, layer: "PackedLinear") -> torch.Tensor:
+        ctx.layer = layer
+        return layer._matmul(rows)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight = ctx.layer.frozen_weight
+        return grad.to(weight.dtype).matmul(weight), None
+
+
+class PackedLinear(nn.Module):
+    """`y = x W^T + b` with W reordered once for oneDNN. No gradient for W; a gradient for x only with
+    `keep_weight=True` (then the plain W is kept beside the packed one)."""
+
+    def __init__(self, linear: nn.Linear, batch_hint: int = DEFAULT_BATCH_HINT, role: str = "body",
+                 keep_weight: bool = False):
         super().__init__()
         self.role = role  # "head" for the LM head (see `only_tokens`)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -124,7 +145,13 @@ class PackedLinear(nn.Module):
         self.dtype = weight.dtype
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint),
                              persistent=False)
+        # keep_weight: the plain weight stays for the input's gradient (a frozen layer inside a model
+        # that trains other parameters, e.g. LoRA); None = inference only
+        self.frozen_weight = weight if keep_weight else None
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -137,7 +164,10 @@ class PackedLinear(nn.Module):
             rows = rows.index_select(0, subset[1])
         if rows.dtype != self.dtype or not rows.is_contiguous():
             rows = rows.to(self.dtype).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        if self.frozen_weight is not None and rows.requires_grad and torch.is_grad_enabled():
+            y = _FrozenPackedMatmul.apply(rows, self)
+        else:
+            y = self._matmul(rows)
         if subset is not None and self.role == "head" and _state.head_run.compact:
             _state.head_run.compacted = True
             return y.reshape(1, -1, self.out_features)
@@ -156,16 +186,30 @@ def pack_linear_weights(model: nn.Module, batch_hint: int = DEFAULT_BATCH_HINT) 
     Returns how many layers were packed (0 when oneDNN is missing, or the model is not on the CPU in
     a packable dtype). Idempotent. Layers that are not plain `nn.Linear` (quantized, LoRA wrappers) are left alone.
     """
+    return _pack(model, batch_hint, frozen_only=False)
+
+
+def pack_frozen_linear_weights(model: nn.Module, batch_hint: int = DEFAULT_BATCH_HINT) -> int:
+    """For a model that trains some parameters (LoRA): pack every packable plain `nn.Linear` whose
+    weight and bias need no gradient (the base layers inside LoRA wrappers included), keeping the plain
+    weight so gradients still flow through them to earlier layers. Same outputs and gradients to float
+    rounding, faster forwards; the packed copy costs the layers' memory once more. Returns the count."""
+    return _pack(model, batch_hint, frozen_only=True)
+
+
+def _pack(model: nn.Module, batch_hint: int, frozen_only: bool) -> int:
     if not packing_available():
         return 0
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     dtypes = packable_dtypes()
     targets = [(name, mod) for name, mod in model.named_modules()
-               if type(mod) is nn.Linear and mod.weight.dtype in dtypes and mod.weight.device.type == "cpu"]
+               if type(mod) is nn.Linear and mod.weight.dtype in dtypes and mod.weight.device.type == "cpu"
+               and not (frozen_only and any(p.requires_grad for p in mod.parameters()))]
     for name, mod in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PackedLinear(mod, batch_hint, role="head" if mod is head else "body"))
+        setattr(parent, attr, PackedLinear(mod, batch_hint, role="head" if mod is head else "body",
+                                           keep_weight=frozen_only))
     return len(targets)
 
 
