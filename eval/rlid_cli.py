@@ -146,13 +146,20 @@ def _evaluate_one(cfg: RlidConfig, which: str):
 
 def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
     """An `ensemble.adapters` entry: null (the member as loaded), "decision" (this run's trained LDM
-    adapter, its newest checkpoint), or an adapter folder."""
+    adapter, its newest checkpoint), another run's trained plane folder (e.g. runs/x/decision: its
+    newest checkpoint's adapter), or an adapter folder."""
+    from rlid.checkpoint import ADAPTER, resume
+    from rlid.train_loop import CHECKPOINTS
+
     if entry is None:
         return None
     path = _adapter_dir(cfg, "decision") if entry == "decision" else Path(entry)
-    if path is None or not path.is_dir():
-        raise ConfigError(f"{cfg.source}: ensemble adapter {entry!r} not found; train the decision plane first "
-                          f"or give an adapter folder")
+    if path is not None and (path / CHECKPOINTS).is_dir():
+        ckpt = resume(path / CHECKPOINTS)
+        path = ckpt.path / ADAPTER if ckpt else None
+    if path is None or not (path / "adapter_config.json").is_file():
+        raise ConfigError(f"{cfg.source}: ensemble adapter {entry!r} not found; train the decision plane first, "
+                          f"or give an adapter folder (with adapter_config.json) or a trained plane's folder")
     return path
 
 

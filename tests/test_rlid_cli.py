@@ -129,3 +129,24 @@ def test_plane_settings_go_to_their_own_plane(tmp_path, model_dir, capsys):
     assert main(["rlid", "train", config, "--plane", "decision"]) == 2
     err = capsys.readouterr().err
     assert "move it under train.decision" in err and err.count("\n") == 1
+
+
+def test_ensemble_member_from_another_runs_trained_plane(tmp_path, model_dir, capsys):
+    """An `ensemble.adapters` entry naming another run's plane folder loads its newest checkpoint's
+    adapter (here step 2 of 2); a folder without checkpoints or adapter weights is a one-line error."""
+    from eval.rlid_cli import _ensemble_adapter
+    from eval.rlid_config import load_rlid
+
+    other, other_out = write_config(tmp_path / "a", model_dir) if (tmp_path / "a").mkdir() is None else (None, None)
+    assert main(["rlid", "train", other, "--plane", "decision", "--no_progress"]) == 0
+    ensemble = {"members": [model_dir, model_dir], "adapters": [None, str(other_out / "decision")], "threshold": 1.0}
+    config, out = write_config(tmp_path, model_dir, ensemble=ensemble)
+    assert _ensemble_adapter(load_rlid(config), str(other_out / "decision")) == \
+        other_out / "decision" / "checkpoints" / "ckpt-00000002" / "adapter"
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 0
+    assert json.loads((out / "eval" / "ensemble.json").read_text())["consult_rate"] == 1.0
+    (tmp_path / "b").mkdir()
+    config, _ = write_config(tmp_path / "b", model_dir, ensemble={**ensemble, "adapters": [None, str(tmp_path / "b")]})
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and err.count("\n") == 1
