@@ -114,6 +114,8 @@ def distill(cfg: RlidConfig, args: argparse.Namespace) -> int:
     print(f"teacher: {result.success_rate:.1%} solved on {len(seeds)} train seeds; {len(examples)} examples")
     del member
     student, lora = _member(cfg, trainable=True)
+    if d.get("init", "fresh") == "decision":   # warm start: the student's adapter begins as the trained LDM's
+        lora.load(teacher_adapter)
     policy = TokenPolicy(student, max_new_tokens=cfg.token_max_new_tokens)
     log = []
     trainer = DistillTrainer(policy, lora, examples, epochs=d.get("epochs", 2), lr=d.get("lr", 2e-4),
@@ -121,7 +123,7 @@ def distill(cfg: RlidConfig, args: argparse.Namespace) -> int:
     trainer.run()
     lora.save(out / "adapter")
     write_json_atomic(out / "log.json", {"teacher_train_success": result.success_rate, "examples": len(examples),
-                                         "epochs": log})
+                                         "init": d.get("init", "fresh"), "epochs": log})
     return 0
 
 

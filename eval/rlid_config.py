@@ -7,7 +7,7 @@ baseline under the same budget, held-out evaluation seeds, and distillation.
     model: qwen2.5-coder-0.5b          # registry name, local folder or hub id
     train: {seeds: {start: 0, count: 400}, max_wall_s: 900, group_size: 4, lr: 1e-4, lora: {r: 8}}
     eval: {seeds: {start: 100000, count: 100}}
-    distill: {epochs: 2, lr: 2e-4}
+    distill: {epochs: 2, lr: 2e-4}     # init: decision starts the student's adapter from the trained LDM's
     ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
     # or chosen on dev seeds among each member alone and these settings (disjoint from eval seeds):
     #   ensemble: {members: [...], dev: {seeds: {start: 5000, count: 50}, candidates: [{lead: 1, weights: [1, 3]}, ...]}}
@@ -44,7 +44,8 @@ SCHEMA: dict[str, Field] = {
     "train": Field((dict,)),
     "eval": Field((dict,), fields={"seeds": SEEDS, "greedy": Field((bool,)), "batch": Field((int,))}),
     "distill": Field((dict,), fields={"epochs": Field((int,)), "lr": Field((float,)), "batch_size": Field((int,)),
-                                      "seeds": SEEDS, "only_successful": Field((bool,)), "lora": Field((dict,))}),
+                                      "seeds": SEEDS, "only_successful": Field((bool,)), "lora": Field((dict,)),
+                                      "init": Field((str,), choices=("fresh", "decision"))}),
     "ensemble": Field((dict,), fields={"members": Field((list,), required=True, item=Field((str,))),
                                        **SETTING,
                                        "adapters": Field((list,), item=Field((str, type(None)))),

@@ -3,6 +3,7 @@ every verb runs, writes what it says, resumes, and bad configs are one-line erro
 import json
 
 import pytest
+import torch
 import yaml
 
 from eval.cli import main
@@ -150,3 +151,21 @@ def test_ensemble_member_from_another_runs_trained_plane(tmp_path, model_dir, ca
     assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
     err = capsys.readouterr().err
     assert "not found" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("init", ["decision", "fresh"])
+def test_distill_init_decision_starts_from_the_teacher_adapter(tmp_path, model_dir, init):
+    """With lr 0 the saved student adapter is its starting point: the trained LDM's adapter for
+    `init: decision`, peft's fresh one (B = 0, so not the teacher's) for `init: fresh`."""
+    from safetensors.torch import load_file
+
+    distill = {"epochs": 1, "batch_size": 2, "only_successful": False, "seeds": {"start": 0, "count": 2},
+               "lr": 0.0, "init": init}
+    config, out = write_config(tmp_path, model_dir, distill=distill)
+    assert main(["rlid", "train", config, "--plane", "decision", "--no_progress"]) == 0
+    assert main(["rlid", "distill", config]) == 0
+    teacher = load_file(out / "decision" / "checkpoints" / "ckpt-00000002" / "adapter" / "adapter_model.safetensors")
+    student = load_file(out / "distill" / "adapter" / "adapter_model.safetensors")
+    same = set(teacher) == set(student) and all(torch.equal(teacher[k], student[k]) for k in teacher)
+    assert same == (init == "decision")
+    assert json.loads((out / "distill" / "log.json").read_text())["init"] == init
