@@ -62,6 +62,11 @@ def table(folder: Path) -> str:
         lines.append(f"| {name} | {r['episodes']} | {100 * r['success']:.1f} [{100 * r['success_lo']:.1f}, "
                      f"{100 * r['success_hi']:.1f}] | {vs_base} | {vs_tok} | {r['invalid']} "
                      f"({r['invalid'] / max(1, r['decisions']):.0%}) | {_live(r)} | {_wins(r)} | {r['decisions_per_s']:.2f} |")
+    dec, dis = results.get("decision"), results.get("distill")
+    if dec and dis:
+        kept = f"{dis['success'] / dec['success']:.0%}" if dec["success"] else "n/a (the decision model solved none)"
+        lines += ["", f"Distilled generating model: {kept} of the decision model's success "
+                      f"(distill - decision: {_diff(dis['per_seed'], dec['per_seed'])} pp)."]
     ens = results.get("ensemble")
     if ens:
         lines += ["", f"Ensemble of {', '.join(ens['members'])}: the gate consulted the others on "

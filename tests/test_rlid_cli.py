@@ -58,6 +58,9 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     assert main(["rlid", "report", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| decision | 4 |" in text and (out / "learning_curve.png").exists() and (out / "report.md").exists()
+    dis = json.loads((out / "eval" / "distill.json").read_text())
+    kept = f"{dis['success'] / dec['success']:.0%}" if dec["success"] else "n/a"
+    assert f"Distilled generating model: {kept}" in text
     assert "winning moves taken % (chance %)" in text and f"{100 * dec['wins_taken']:.1f} (" in text
     assert "moves kept solvable % (chance %)" in text and f"{100 * dec['live_moves']:.1f} (" in text
 
