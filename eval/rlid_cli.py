@@ -37,13 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _adapter_dir(cfg: RlidConfig, plane: str) -> Path | None:
-    from rlid.checkpoint import ADAPTER, resume
-    from rlid.train_loop import CHECKPOINTS
-
     if plane == "distill":
         path = cfg.output_path / "distill" / "adapter"
         return path if path.is_dir() else None
-    ckpt = resume(cfg.output_path / plane / CHECKPOINTS)
+    return _newest_adapter(cfg.output_path / plane)
+
+
+def _newest_adapter(plane_dir: Path) -> Path | None:
+    """The adapter of a trained plane folder's newest complete checkpoint, or None."""
+    from rlid.checkpoint import ADAPTER, resume
+    from rlid.train_loop import CHECKPOINTS
+
+    ckpt = resume(plane_dir / CHECKPOINTS)
     return ckpt.path / ADAPTER if ckpt else None
 
 
@@ -150,15 +155,13 @@ def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
     """An `ensemble.adapters` entry: null (the member as loaded), "decision" (this run's trained LDM
     adapter, its newest checkpoint), another run's trained plane folder (e.g. runs/x/decision: its
     newest checkpoint's adapter), or an adapter folder."""
-    from rlid.checkpoint import ADAPTER, resume
     from rlid.train_loop import CHECKPOINTS
 
     if entry is None:
         return None
     path = _adapter_dir(cfg, "decision") if entry == "decision" else Path(entry)
     if path is not None and (path / CHECKPOINTS).is_dir():
-        ckpt = resume(path / CHECKPOINTS)
-        path = ckpt.path / ADAPTER if ckpt else None
+        path = _newest_adapter(path)
     if path is None or not (path / "adapter_config.json").is_file():
         raise ConfigError(f"{cfg.source}: ensemble adapter {entry!r} not found; train the decision plane first, "
                           f"or give an adapter folder (with adapter_config.json) or a trained plane's folder")
