@@ -13,7 +13,7 @@ from runtime.errors import ConfigError
 from rlid.envs import ENVIRONMENTS, make_env
 from rlid.envs.arc_1d import Arc1DEnv, Arc1DOptions
 from rlid.envs.countdown import CountdownEnv, CountdownOptions, legal_moves, reachable
-from rlid.envs.sokoban import SokobanEnv, SokobanOptions, parse_board, shortest_solution
+from rlid.envs.sokoban import SokobanEnv, SokobanOptions, describe_move, parse_board, shortest_solution
 from rlid.rollout import run_episode, run_episodes
 from rlid.types import DecisionState
 
@@ -229,6 +229,32 @@ def test_sokoban_reach_shaping_counts_moves_until_the_slack_runs_out():
     assert end.reward == pytest.approx(0.5 * 1 / 8)
     with pytest.raises(ConfigError):
         SokobanEnv(SokobanOptions(reach_shaping=-0.1))
+
+
+def test_sokoban_describe_moves_states_each_moves_effect():
+    env = SokobanEnv(SokobanOptions(describe_moves=True))
+    env.reset_to("#####\n#...#\n#.B.#\n#.P.#\n#..G#\n#####")
+    lines = env.observation().split("What each move does:\n")[1].splitlines()
+    assert lines == [
+        "- up: you push the box to row 2 column 3; its distance to the nearest free goal goes from 3 to 4 squares.",
+        "- down: you step to row 5 column 3; your distance to the nearest box off a goal goes from 1 to 2 squares.",
+        "- left: you step to row 4 column 2; your distance to the nearest box off a goal goes from 1 to 2 squares.",
+        "- right: you step to row 4 column 4; your distance to the nearest box off a goal goes from 1 to 2 squares."]
+    assert [line.split(":")[0][2:] for line in lines] == env.menu()  # one line per legal move, menu order
+    env.reset_to("#####\n#PBG#\n#####")
+    assert env.observation().endswith("- right: you push the box to row 2 column 4, onto a goal: every box is then on a goal.")
+    assert describe_move(parse_board("######\n#PB.G#\n######"), "right") == (
+        "you push the box to row 2 column 4; its distance to the nearest free goal goes from 2 to 1 square")
+    assert describe_move(parse_board("#####\n#...#\n#B..#\n#P.G#\n#####"), "up") == (
+        "you push the box to row 2 column 2; its distance to the nearest free goal goes from 3 to 4 squares;"
+        " it is then stuck against walls and can never reach a goal")  # a corner off a goal
+    with pytest.raises(ValueError, match="not a legal move"):
+        describe_move(parse_board("#####\n#PBG#\n#####"), "left")
+    plain = SokobanEnv()
+    plain.reset_to("#####\n#PBG#\n#####")
+    assert "What each move does" not in plain.observation()  # off by default
+    with pytest.raises(ConfigError):
+        SokobanOptions(describe_moves="yes").validate()
 
 
 def test_sokoban_max_steps_ends_with_zero_reward():

@@ -10,7 +10,13 @@ pushing a box into a wall or another box. Reward 1 and success when every box is
 episode also ends (reward 0) after `max_steps` moves, with `end_on_deadlock` as soon as the board
 can no longer be solved in the moves left, and if no move is legal. `solvable()`: a breadth-first
 search over (player, boxes) states, at most the moves left deep, pruning boxes stuck in a corner off
-a goal; it gives up after SEARCH_LIMIT states and then says True (not proven unsolvable)."""
+a goal; it gives up after SEARCH_LIMIT states and then says True (not proven unsolvable).
+
+`describe_moves` (compiled memory, off by default): the observation also states what each legal move
+does, as facts of the board after it: where you stand and how far (Manhattan) you are from the
+nearest box off a goal, or which box you push where, how far it then is from its nearest goal, and
+whether it lands on a goal or is stuck against walls for good. No search, no advice: the same facts
+a player reads off the board by counting squares."""
 from __future__ import annotations
 
 from collections import deque
@@ -121,6 +127,45 @@ def _cells_text(cells) -> str:
     return "; ".join(f"row {r + 1} column {c + 1}" for r, c in sorted(cells))
 
 
+def _distance(cell: Cell, cells) -> int | None:
+    """Manhattan distance from `cell` to the nearest of `cells` (None: there are none)."""
+    return min((abs(cell[0] - r) + abs(cell[1] - c) for r, c in cells), default=None)
+
+
+def _squares(n: int) -> str:
+    return f"{n} square{'' if n == 1 else 's'}"
+
+
+def _change(before: int | None, after: int | None) -> str:
+    if before == after:
+        return f"stays {_squares(after)}"
+    return f"goes from {before} to {_squares(after)}"
+
+
+def describe_move(board: Board, direction: str) -> str:
+    """What a legal move does, as facts of the board after it (see the module docstring)."""
+    after = board.move(direction)
+    if after is None:
+        raise ValueError(f"{direction!r} is not a legal move here")
+    if after.boxes == board.boxes:
+        text = f"you step to {_cells_text([after.player])}"
+        loose = after.boxes - after.goals
+        if loose:
+            text += (f"; your distance to the nearest box off a goal "
+                     f"{_change(_distance(board.player, loose), _distance(after.player, loose))}")
+        return text
+    (moved,) = after.boxes - board.boxes
+    (left,) = board.boxes - after.boxes
+    text = f"you push the box to {_cells_text([moved])}"
+    if moved in after.goals:
+        return text + (", onto a goal: every box is then on a goal" if after.solved() else ", onto a goal")
+    free = after.goals - (after.boxes - {moved})
+    text += f"; its distance to the nearest free goal {_change(_distance(left, free), _distance(moved, free))}"
+    if after.dead():
+        text += "; it is then stuck against walls and can never reach a goal"
+    return text
+
+
 def legal_moves(board: Board) -> list[tuple[str, Board]]:
     return [(d, after) for d in DIRECTIONS if (after := board.move(d)) is not None]
 
@@ -166,6 +211,7 @@ class SokobanOptions:
     only_solvable: bool = True
     end_on_deadlock: bool = False
     reach_shaping: float = 0.0
+    describe_moves: bool = False
 
     def validate(self) -> None:
         check_int("min_size", self.min_size, 5, 10)
@@ -179,6 +225,7 @@ class SokobanOptions:
         check_bool("only_solvable", self.only_solvable)
         check_bool("end_on_deadlock", self.end_on_deadlock)
         check_fraction("reach_shaping", self.reach_shaping)
+        check_bool("describe_moves", self.describe_moves)
 
 
 class SokobanEnv(MenuEnvironment):
@@ -221,8 +268,11 @@ class SokobanEnv(MenuEnvironment):
 
     def observation(self) -> str:
         b = self.board
-        return (f"Board (rows from the top, columns from the left):\n{b.render()}\nLegend: {LEGEND}\n"
+        text = (f"Board (rows from the top, columns from the left):\n{b.render()}\nLegend: {LEGEND}\n"
                 f"You: {_cells_text([b.player])}. Boxes: {_cells_text(b.boxes)}. Goals: {_cells_text(b.goals)}.")
+        if self.options.describe_moves:
+            text += "\nWhat each move does:\n" + "\n".join(f"- {d}: {describe_move(b, d)}." for d in self._legal())
+        return text
 
     def _legal(self) -> list[str]:
         return [d for d, _ in legal_moves(self.board)]
