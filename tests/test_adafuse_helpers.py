@@ -89,3 +89,15 @@ def spacey_pair() -> tuple[Member, Member]:
     """The tests' usual pair of spacey members with different tokenizers: character-level llama, BPE qwen2."""
     return (spacey_member("llama", char_tokenizer(), 0, "char-llama", 3.0),
             spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0))
+
+
+def bpe_shared_pair() -> tuple[Member, Member]:
+    """Two tiny LMs sharing one BPE: each other's words are often one token (scored from logits)."""
+    return (spacey_member("llama", bpe_tokenizer(), 2, "bpe-llama", 3.0),
+            spacey_member("qwen2", bpe_tokenizer(), 1, "bpe-qwen", 3.0))
+
+
+def fresh_next_probs(member: Member, ids: list[int]) -> torch.Tensor:
+    """The member's next-token law after `ids`, from a fresh forward (no cache): the reference."""
+    with torch.no_grad():
+        return member.model(input_ids=torch.tensor([ids], device=member.device)).logits[0, -1].float().softmax(-1)
