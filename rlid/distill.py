@@ -36,11 +36,12 @@ class DistillExample:
     def to_json(self) -> dict:
         s = self.state
         return {"observation": s.observation, "actions": list(s.actions), "memory": s.memory,
-                "instruction": s.instruction, "action": self.action}
+                "instruction": s.instruction, "notes": list(s.notes), "action": self.action}
 
     @classmethod
     def from_json(cls, d: dict) -> "DistillExample":
-        state = DecisionState(d["observation"], tuple(d["actions"]), d.get("memory", ""), d.get("instruction", ""))
+        state = DecisionState(d["observation"], tuple(d["actions"]), d.get("memory", ""), d.get("instruction", ""),
+                              tuple(d.get("notes", ())))
         return cls(state, d["action"])
 
 

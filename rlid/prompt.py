@@ -1,7 +1,7 @@
 """Prompts compiled from a `DecisionState`: deterministic text, then the member's chat template.
 
 `decision_text(state, labels)`: instruction, observation, optional memory, the labelled menu
-("A. 3 + 4 = 7" lines), a one-line ask, and the answer cue "Answer:" — the decision model reads the
+("A. 3 + 4 = 7" lines; an action's note, if the state has notes, in parentheses after it), a one-line ask, and the answer cue "Answer:" — the decision model reads the
 next token after the cue. `action_text(state)`: the same with the menu listed without labels ("- up")
 and the ask "Answer with the move exactly as written." — the token-level policy writes the action.
 `compile_prompt(member, text)`: the member's chat template around the text when it uses one
@@ -32,16 +32,23 @@ def _body(state: DecisionState, menu_lines: Sequence[str], ask: str) -> str:
     return "\n\n".join(parts)
 
 
+def _entries(state: DecisionState) -> list[str]:
+    """Each action's text, with its note (if the state has notes) in parentheses after it."""
+    if not state.notes:
+        return list(state.actions)
+    return [f"{act} ({note})" for act, note in zip(state.actions, state.notes)]
+
+
 def decision_text(state: DecisionState, labels: Sequence[str]) -> str:
     """The decision model's prompt text (before any chat template): the menu labelled by `labels`."""
     if len(labels) != len(state.actions):
         raise ValueError(f"{len(labels)} labels for a menu of {len(state.actions)} actions")
-    return _body(state, [f"{lab}. {act}" for lab, act in zip(labels, state.actions)], LABEL_ASK)
+    return _body(state, [f"{lab}. {entry}" for lab, entry in zip(labels, _entries(state))], LABEL_ASK)
 
 
 def action_text(state: DecisionState) -> str:
     """The token-level policy's prompt text: the menu without labels; the answer is the action's text."""
-    return _body(state, [f"- {act}" for act in state.actions], ACTION_ASK)
+    return _body(state, [f"- {entry}" for entry in _entries(state)], ACTION_ASK)
 
 
 def compile_prompt(member, text: str) -> str:

@@ -23,8 +23,9 @@ def decision_state(env: Environment, memory_k: int = 0) -> DecisionState:
     actions = tuple(env.menu())
     if not actions:
         raise RuntimeError(f"{env.name}: empty menu before the episode ended (environment bug)")
+    notes = getattr(env, "menu_notes", lambda: [])()
     return DecisionState(observation=env.observation(), actions=actions, memory=env.memory(memory_k),
-                         instruction=getattr(env, "instruction", ""))
+                         instruction=getattr(env, "instruction", ""), notes=tuple(notes))
 
 
 def checked_choices(choices: Sequence[int], states: Sequence[DecisionState]) -> list[int]:

@@ -56,21 +56,24 @@ def _norm(text: str, strip_punct: bool) -> str:
     return text.strip(_PUNCT + " ") if strip_punct else text
 
 
-def parse_action(text: str, actions: Sequence[str]) -> int | None:
+def parse_action(text: str, actions: Sequence[str], notes: bool = False) -> int | None:
     """The index of the one menu action `text` names: the first non-empty line, stripped, equal to an
     action; else equal up to case and runs of whitespace; else also up to surrounding punctuation
-    (quotes, a bullet, a final period). None if no action, or more than one, matches."""
+    (quotes, a bullet, a final period); with `notes` (the menu showed a note after each action,
+    `rlid.prompt`) also the line cut before its first " (" (an action copied with its note), by the
+    same rules. None if no action, or more than one, matches."""
     line = _first_line(text)
     if not line:
         return None
     tiers = (lambda s: s.strip(), lambda s: _norm(s, False), lambda s: _norm(s, True))
-    for key in tiers:
-        want = key(line)
-        hits = [i for i, a in enumerate(actions) if key(a) and key(a) == want]
-        if len(hits) == 1:
-            return hits[0]
-        if len(hits) > 1:
-            return None
+    for candidate in dict.fromkeys((line, line.split(" (")[0].strip() if notes else line)):
+        for key in tiers:
+            want = key(candidate)
+            hits = [i for i, a in enumerate(actions) if key(a) and key(a) == want]
+            if len(hits) == 1:
+                return hits[0]
+            if len(hits) > 1:
+                return None
     return None
 
 
@@ -155,7 +158,7 @@ class TokenPolicy:
         acts = []
         for s, p, o in zip(states, prompts, outputs):
             text = self._text(o)
-            acts.append(TokenAction(text=text, index=parse_action(text, s.actions), prompt_ids=p, output_ids=o))
+            acts.append(TokenAction(text=text, index=parse_action(text, s.actions, bool(s.notes)), prompt_ids=p, output_ids=o))
         self.counters.stop(len(states))
         return acts
 

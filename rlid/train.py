@@ -75,7 +75,8 @@ class DecisionTrainer(TrainerBase):
 
     def _shuffle(self, state: DecisionState) -> DecisionState:
         perm = torch.randperm(len(state.actions), generator=self.generator).tolist()
-        view = dataclasses.replace(state, actions=tuple(state.actions[i] for i in perm))
+        view = dataclasses.replace(state, actions=tuple(state.actions[i] for i in perm),
+                                   notes=tuple(state.notes[i] for i in perm) if state.notes else ())
         self._perm[id(state)] = (state, perm, view)
         return view
 

@@ -34,6 +34,7 @@ class Environment(Protocol):
     def reset(self, seed: int) -> None: ...
     def observation(self) -> str: ...
     def menu(self) -> list[str]: ...
+    def menu_notes(self) -> list[str]: ...
     def step(self, index: int) -> StepResult: ...
     def memory(self, k: int) -> str: ...
     def solvable(self) -> bool: ...
@@ -42,12 +43,19 @@ class Environment(Protocol):
 @dataclass(frozen=True)
 class DecisionState:
     """One decision to make: what the model reads (observation, optional memory, task instruction)
-    and the legal menu of action texts. Labels are attached by the decision model."""
+    and the legal menu of action texts. Labels are attached by the decision model. `notes`: empty,
+    or one note per action that both prompts show beside it (e.g. what the move does); it is not
+    part of the action's text."""
 
     observation: str
     actions: tuple[str, ...]
     memory: str = ""
     instruction: str = ""
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.notes and len(self.notes) != len(self.actions):
+            raise ValueError(f"{len(self.notes)} notes for a menu of {len(self.actions)} actions")
 
 
 @dataclass

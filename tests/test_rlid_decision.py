@@ -142,6 +142,15 @@ def test_prompts_are_deterministic_and_carry_every_part():
     assert "- up\n- down" in plain and "exactly as written" in plain and "A. up" not in plain
 
 
+def test_menu_notes_follow_their_actions_in_both_prompts():
+    s = DecisionState("board", ("up", "left"), notes=("you step to row 1", "you push the box"))
+    assert "A. up (you step to row 1)\nB. left (you push the box)" in decision_text(s, labels(2))
+    assert "- up (you step to row 1)\n- left (you push the box)" in action_text(s)
+    assert "(" not in decision_text(DecisionState("board", ("up", "left")), labels(2))
+    with pytest.raises(ValueError, match="1 notes for a menu of 2 actions"):
+        DecisionState("board", ("up", "left"), notes=("x",))
+
+
 def test_prompt_uses_the_members_chat_template():
     tok = copy.deepcopy(bpe_tokenizer())
     tok.chat_template = "{% for m in messages %}<<{{ m['role'] }}>> {{ m['content'] }}\n{% endfor %}<<assistant>>"
@@ -281,6 +290,14 @@ def test_bad_label_style_and_empty_menu_fail_clearly(member):
 def test_parse_action(text, expected):
     acts = ["up", "down", "left", "right", "push up", "3 + 4 = 7", "(1, 2)"]
     assert parse_action(text, acts) == expected
+
+
+def test_parse_action_takes_an_action_copied_with_its_note_only_where_the_menu_had_notes():
+    acts = ["up", "down", "push up"]
+    assert parse_action("up (you step to row 1", acts, notes=True) == 0
+    assert parse_action("Push up (the box moves", acts, notes=True) == 2
+    assert parse_action("up (you step to row 1", acts) is None   # no notes shown: as before
+    assert parse_action("upward (x", acts, notes=True) is None
 
 
 def test_parse_action_refuses_ambiguous_normalisations():

@@ -14,7 +14,7 @@ from rlid.envs import ENVIRONMENTS, make_env
 from rlid.envs.arc_1d import Arc1DEnv, Arc1DOptions
 from rlid.envs.countdown import CountdownEnv, CountdownOptions, legal_moves, reachable
 from rlid.envs.sokoban import SokobanEnv, SokobanOptions, describe_move, parse_board, shortest_solution
-from rlid.rollout import run_episode, run_episodes
+from rlid.rollout import decision_state, run_episode, run_episodes
 from rlid.types import DecisionState
 
 
@@ -250,11 +250,20 @@ def test_sokoban_describe_moves_states_each_moves_effect():
         " it is then stuck against walls and can never reach a goal")  # a corner off a goal
     with pytest.raises(ValueError, match="not a legal move"):
         describe_move(parse_board("#####\n#PBG#\n#####"), "left")
+    menu = SokobanEnv(SokobanOptions(describe_moves="menu"))
+    menu.reset_to("#####\n#...#\n#.B.#\n#.P.#\n#..G#\n#####")
+    state = decision_state(menu, memory_k=1)
+    assert state.notes == tuple(line.split(": ", 1)[1].rstrip(".") for line in lines)  # the same facts, per option
+    assert "What each move does" not in state.observation
+    menu.step(1)
+    assert decision_state(menu).notes[0].startswith("you step to row 4 column 3")  # recomputed after a move
     plain = SokobanEnv()
     plain.reset_to("#####\n#PBG#\n#####")
+    assert plain.menu_notes() == []
     assert "What each move does" not in plain.observation()  # off by default
     with pytest.raises(ConfigError):
         SokobanOptions(describe_moves="yes").validate()
+    assert decision_state(plain).notes == ()
 
 
 def test_sokoban_max_steps_ends_with_zero_reward():

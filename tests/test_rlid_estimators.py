@@ -10,7 +10,7 @@ from runtime.testing import tiny_member
 from rlid.pg_loss import decision_pg_loss
 from rlid.token_train import TokenTrainer
 from rlid.train import DecisionTrainer
-from rlid.types import OptionLaw, StepResult
+from rlid.types import DecisionState, OptionLaw, StepResult
 from test_rlid_helpers import PickEnv, config, decision_policy, p_right
 
 
@@ -161,6 +161,14 @@ def test_shuffled_menus_show_permuted_options_and_map_choices_back(monkeypatch):
     for row, shown in rows:                                           # values in the shown order, scaled
         scale = float(row.max())
         assert torch.allclose(row, torch.tensor([pay[a] * scale for a in shown]))
+
+
+def test_shuffled_menus_keep_each_note_with_its_action():
+    trainer = DecisionTrainer(decision_policy(), PeekOrderEnv, config(max_steps=1, shuffle_menus=True))
+    state = DecisionState("x", ("a", "b", "c", "d"), notes=("note a", "note b", "note c", "note d"))
+    views = [trainer._shuffle(state) for _ in range(8)]
+    assert len({v.actions for v in views}) > 1
+    assert all(v.notes == tuple(f"note {a}" for a in v.actions) for v in views)
 
 
 def test_shuffle_menus_is_refused_by_the_token_trainer():

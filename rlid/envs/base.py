@@ -114,6 +114,10 @@ class MenuEnvironment:
             self._menu = self._legal()
         return list(self._menu)
 
+    def menu_notes(self) -> list[str]:
+        """One note per menu entry that prompts show beside it ([]: none; subclasses may say more)."""
+        return []
+
     def step(self, index: int) -> StepResult:
         if self._done:
             raise RuntimeError(f"{self.name}: step() after the episode ended; call reset(seed) first")

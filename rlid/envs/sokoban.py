@@ -12,8 +12,9 @@ can no longer be solved in the moves left, and if no move is legal. `solvable()`
 search over (player, boxes) states, at most the moves left deep, pruning boxes stuck in a corner off
 a goal; it gives up after SEARCH_LIMIT states and then says True (not proven unsolvable).
 
-`describe_moves` (compiled memory, off by default): the observation also states what each legal move
-does, as facts of the board after it: where you stand and how far (Manhattan) you are from the
+`describe_moves` (compiled memory, off by default): what each legal move does, as facts of the board
+after it, stated in the observation (true or "observation") or as each menu entry's note ("menu",
+`rlid.types.DecisionState.notes`, so the fact sits beside the option's label): where you stand and how far (Manhattan) you are from the
 nearest box off a goal, or which box you push where, how far it then is from its nearest goal, and
 whether it lands on a goal or is stuck against walls for good. No search, no advice: the same facts
 a player reads off the board by counting squares."""
@@ -24,6 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import reasoning_gym
+
+from runtime.errors import ConfigError
 
 from rlid.envs.base import (PUZZLE_STRIDE, MenuEnvironment, check_bool, check_fraction, check_int, check_range,
                             first_usable, puzzle_index)
@@ -211,7 +214,7 @@ class SokobanOptions:
     only_solvable: bool = True
     end_on_deadlock: bool = False
     reach_shaping: float = 0.0
-    describe_moves: bool = False
+    describe_moves: bool | str = False      # False, True / "observation", or "menu"
 
     def validate(self) -> None:
         check_int("min_size", self.min_size, 5, 10)
@@ -225,7 +228,8 @@ class SokobanOptions:
         check_bool("only_solvable", self.only_solvable)
         check_bool("end_on_deadlock", self.end_on_deadlock)
         check_fraction("reach_shaping", self.reach_shaping)
-        check_bool("describe_moves", self.describe_moves)
+        if self.describe_moves not in (False, True, "observation", "menu"):
+            raise ConfigError(f"option describe_moves must be false, true, observation or menu, got {self.describe_moves!r}")
 
 
 class SokobanEnv(MenuEnvironment):
@@ -270,9 +274,15 @@ class SokobanEnv(MenuEnvironment):
         b = self.board
         text = (f"Board (rows from the top, columns from the left):\n{b.render()}\nLegend: {LEGEND}\n"
                 f"You: {_cells_text([b.player])}. Boxes: {_cells_text(b.boxes)}. Goals: {_cells_text(b.goals)}.")
-        if self.options.describe_moves:
+        if self.options.describe_moves in (True, "observation"):
             text += "\nWhat each move does:\n" + "\n".join(f"- {d}: {describe_move(b, d)}." for d in self._legal())
         return text
+
+    def menu_notes(self) -> list[str]:
+        """What each menu entry does, with `describe_moves: menu` ([] otherwise)."""
+        if self.options.describe_moves != "menu" or self.done:
+            return []
+        return [describe_move(self.board, d) for d in self.menu()]
 
     def _legal(self) -> list[str]:
         return [d for d, _ in legal_moves(self.board)]
