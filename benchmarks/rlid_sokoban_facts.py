@@ -16,7 +16,7 @@ import argparse
 import json
 import random
 
-from rlid.envs.sokoban import Board, SokobanEnv, SokobanOptions, _distance
+from rlid.envs.sokoban import Board, SokobanEnv, SokobanOptions, nearest_distance
 
 OPTIONS = SokobanOptions(max_steps=10, end_on_deadlock=True, reach_shaping=0.5)
 
@@ -28,7 +28,7 @@ def fact_score(board: Board, direction: str) -> int:
         loose = after.boxes - after.goals
         if not loose:
             return 0
-        return 1 if _distance(after.player, loose) < _distance(board.player, loose) else 0
+        return 1 if nearest_distance(after.player, loose) < nearest_distance(board.player, loose) else 0
     (moved,) = after.boxes - board.boxes
     (left,) = board.boxes - after.boxes
     if moved in after.goals:
@@ -36,7 +36,7 @@ def fact_score(board: Board, direction: str) -> int:
     if after.dead():
         return -5
     free = after.goals - (after.boxes - {moved})
-    return 2 if _distance(moved, free) < _distance(left, free) else -1
+    return 2 if nearest_distance(moved, free) < nearest_distance(left, free) else -1
 
 
 def play(seeds: range, rule: bool, rng: random.Random) -> int:

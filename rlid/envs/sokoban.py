@@ -130,7 +130,7 @@ def _cells_text(cells) -> str:
     return "; ".join(f"row {r + 1} column {c + 1}" for r, c in sorted(cells))
 
 
-def _distance(cell: Cell, cells) -> int | None:
+def nearest_distance(cell: Cell, cells) -> int | None:
     """Manhattan distance from `cell` to the nearest of `cells` (None: there are none)."""
     return min((abs(cell[0] - r) + abs(cell[1] - c) for r, c in cells), default=None)
 
@@ -155,7 +155,7 @@ def describe_move(board: Board, direction: str) -> str:
         loose = after.boxes - after.goals
         if loose:
             text += (f"; your distance to the nearest box off a goal "
-                     f"{_change(_distance(board.player, loose), _distance(after.player, loose))}")
+                     f"{_change(nearest_distance(board.player, loose), nearest_distance(after.player, loose))}")
         return text
     (moved,) = after.boxes - board.boxes
     (left,) = board.boxes - after.boxes
@@ -163,7 +163,7 @@ def describe_move(board: Board, direction: str) -> str:
     if moved in after.goals:
         return text + (", onto a goal: every box is then on a goal" if after.solved() else ", onto a goal")
     free = after.goals - (after.boxes - {moved})
-    text += f"; its distance to the nearest free goal {_change(_distance(left, free), _distance(moved, free))}"
+    text += f"; its distance to the nearest free goal {_change(nearest_distance(left, free), nearest_distance(moved, free))}"
     if after.dead():
         text += "; it is then stuck against walls and can never reach a goal"
     return text
