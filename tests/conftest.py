@@ -47,3 +47,19 @@ def data(tmp_path):
     from eval.testing import make_data
 
     return make_data(tmp_path / "data", n=16)
+
+
+@pytest.fixture(scope="module")
+def spacey():
+    """Two tiny word-level members with different tokenizers (`test_adafuse_helpers.spacey_pair`)."""
+    from test_adafuse_helpers import spacey_pair
+
+    return spacey_pair()
+
+
+@pytest.fixture(scope="module")
+def bpe_pair():
+    """Two tiny members sharing one BPE (`test_adafuse_helpers.bpe_shared_pair`)."""
+    from test_adafuse_helpers import bpe_shared_pair
+
+    return bpe_shared_pair()

@@ -8,7 +8,7 @@ from adafuse.ensemble import Ensemble
 from runtime.errors import ConfigError
 from adafuse.methods.word_level import EnsembledWord, LeadDecoder, WordConfig
 from runtime.testing import bpe_tokenizer, char_tokenizer
-from test_adafuse_helpers import bpe_shared_pair, fresh_next_probs, scripted_member, spacey_pair
+from test_adafuse_helpers import fresh_next_probs, scripted_member
 
 P = "Question: what is 16*16?\nAnswer:"
 SCRIPT = " 16*16 = 256\n-3 + 4 = 1\n\nShe has 18 apples."
@@ -19,16 +19,6 @@ PROMPTS = [P, "The quick brown fox"]
 def scripted():
     return (scripted_member(bpe_tokenizer(), SCRIPT, P, "bpe-script"),
             scripted_member(char_tokenizer(), SCRIPT, P, "char-script"))
-
-
-@pytest.fixture(scope="module")
-def bpe_pair():
-    return bpe_shared_pair()
-
-
-@pytest.fixture(scope="module")
-def spacey():
-    return spacey_pair()
 
 
 def units(out):

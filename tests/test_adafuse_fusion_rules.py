@@ -6,14 +6,8 @@ from adafuse.ensemble import Ensemble
 from adafuse.methods.word_level import Candidate, Proposal, Round, round_stats
 from adafuse.methods.word_level.ensembled_word import EnsembledWord
 from runtime.errors import ConfigError
-from test_adafuse_helpers import spacey_pair
 
 PROMPTS = ["Question: what is 16*16?\nAnswer:", "The quick brown fox"]
-
-
-@pytest.fixture(scope="module")
-def spacey():
-    return spacey_pair()
 
 
 def run(members, **kw):

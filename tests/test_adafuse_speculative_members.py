@@ -10,12 +10,8 @@ from adafuse.ensemble import Ensemble
 from adafuse.methods.word_level import LeadDecoder
 from runtime.testing import bpe_tokenizer, char_tokenizer
 from test_adafuse_ensemble import P, PROMPTS
-from test_adafuse_helpers import scripted_member, spacey_member, spacey_pair
+from test_adafuse_helpers import scripted_member, spacey_member
 
-
-@pytest.fixture(scope="module")
-def spacey():
-    return spacey_pair()
 
 # ---- speculative members ------------------------------------------------------------------------
 REPEATING = " 16*16 = 256\n-3 + 4 = 1\n\nShe has 18 apples. 16*16 = 256 and 16*16 = 256"

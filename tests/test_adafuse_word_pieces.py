@@ -9,18 +9,9 @@ from adafuse.ensemble import Ensemble
 from runtime.errors import ConfigError
 from adafuse.methods.word_level import EnsembledWord, WordConfig, WordFusion
 from runtime.testing import bpe_tokenizer, char_tokenizer
-from test_adafuse_helpers import bpe_shared_pair, fresh_next_probs, scripted_member, spacey_pair
+from test_adafuse_helpers import fresh_next_probs, scripted_member
 from test_adafuse_ensemble import P, PROMPTS, units
 
-
-@pytest.fixture(scope="module")
-def bpe_pair():
-    return bpe_shared_pair()
-
-
-@pytest.fixture(scope="module")
-def spacey():
-    return spacey_pair()
 
 # ---- cache discipline ---------------------------------------------------------------------------
 @pytest.mark.parametrize("pair,lead", [("spacey", 0), ("bpe_pair", 0), ("bpe_pair", 1)])
