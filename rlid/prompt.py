@@ -1,9 +1,10 @@
 """Prompts compiled from a `DecisionState`: deterministic text, then the member's chat template.
 
 `decision_text(state, labels)`: instruction, observation, optional memory, the labelled menu
-("A. 3 + 4 = 7" lines; an action's note, if the state has notes, in parentheses after it), a one-line ask, and the answer cue "Answer:" — the decision model reads the
-next token after the cue. `action_text(state)`: the same with the menu listed without labels ("- up")
-and the ask "Answer with the move exactly as written." — the token-level policy writes the action.
+("A. 3 + 4 = 7" lines; a note, where the state has notes, in parentheses after its action), a
+one-line ask, and the answer cue "Answer:" — the decision model reads the next token after the cue.
+`action_text(state)`: the same with the menu listed without labels ("- up") and the ask "Answer with
+the move exactly as written." — the token-level policy writes the action.
 `compile_prompt(member, text)`: the member's chat template around the text when it uses one
 (`Member.format_prompt`), else the text unchanged.
 """

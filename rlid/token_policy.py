@@ -158,7 +158,8 @@ class TokenPolicy:
         acts = []
         for s, p, o in zip(states, prompts, outputs):
             text = self._text(o)
-            acts.append(TokenAction(text=text, index=parse_action(text, s.actions, bool(s.notes)), prompt_ids=p, output_ids=o))
+            index = parse_action(text, s.actions, notes=bool(s.notes))
+            acts.append(TokenAction(text=text, index=index, prompt_ids=p, output_ids=o))
         self.counters.stop(len(states))
         return acts
 

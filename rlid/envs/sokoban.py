@@ -14,9 +14,9 @@ a goal; it gives up after SEARCH_LIMIT states and then says True (not proven uns
 
 `describe_moves` (compiled memory, off by default): what each legal move does, as facts of the board
 after it, stated in the observation (true or "observation") or as each menu entry's note ("menu",
-`rlid.types.DecisionState.notes`, so the fact sits beside the option's label): where you stand and how far (Manhattan) you are from the
-nearest box off a goal, or which box you push where, how far it then is from its nearest goal, and
-whether it lands on a goal or is stuck against walls for good. No search, no advice: the same facts
+`rlid.types.DecisionState.notes`: the facts sit beside the option's label): where you stand and how
+far (Manhattan) you then are from the nearest box off a goal, or where you push the box, how far it
+then is from the nearest free goal, and whether it lands on a goal or is stuck in a corner for good. No search, no advice: the same facts
 a player reads off the board by counting squares."""
 from __future__ import annotations
 
@@ -163,7 +163,8 @@ def describe_move(board: Board, direction: str) -> str:
     if moved in after.goals:
         return text + (", onto a goal: every box is then on a goal" if after.solved() else ", onto a goal")
     free = after.goals - (after.boxes - {moved})
-    text += f"; its distance to the nearest free goal {_change(nearest_distance(left, free), nearest_distance(moved, free))}"
+    change = _change(nearest_distance(left, free), nearest_distance(moved, free))
+    text += f"; its distance to the nearest free goal {change}"
     if after.dead():
         text += "; it is then stuck against walls and can never reach a goal"
     return text
@@ -229,7 +230,8 @@ class SokobanOptions:
         check_bool("end_on_deadlock", self.end_on_deadlock)
         check_fraction("reach_shaping", self.reach_shaping)
         if self.describe_moves not in (False, True, "observation", "menu"):
-            raise ConfigError(f"option describe_moves must be false, true, observation or menu, got {self.describe_moves!r}")
+            raise ConfigError("option describe_moves must be false, true, observation or menu, "
+                              f"got {self.describe_moves!r}")
 
 
 class SokobanEnv(MenuEnvironment):
@@ -275,7 +277,7 @@ class SokobanEnv(MenuEnvironment):
         text = (f"Board (rows from the top, columns from the left):\n{b.render()}\nLegend: {LEGEND}\n"
                 f"You: {_cells_text([b.player])}. Boxes: {_cells_text(b.boxes)}. Goals: {_cells_text(b.goals)}.")
         if self.options.describe_moves in (True, "observation"):
-            text += "\nWhat each move does:\n" + "\n".join(f"- {d}: {describe_move(b, d)}." for d in self._legal())
+            text += "\nWhat each move does:\n" + "\n".join(f"- {d}: {describe_move(b, d)}." for d in self.menu())
         return text
 
     def menu_notes(self) -> list[str]:
