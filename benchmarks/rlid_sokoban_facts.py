@@ -16,27 +16,21 @@ import argparse
 import json
 import random
 
-from rlid.envs.sokoban import Board, SokobanEnv, SokobanOptions, nearest_distance
+from rlid.envs.sokoban import Board, SokobanEnv, SokobanOptions, move_facts
 
 OPTIONS = SokobanOptions(max_steps=10, end_on_deadlock=True, reach_shaping=0.5)
 
 
 def fact_score(board: Board, direction: str) -> int:
-    """The hand rule's rank of a legal move, from the same facts `describe_move` states."""
-    after = board.move(direction)
-    if after.boxes == board.boxes:
-        loose = after.boxes - after.goals
-        if not loose:
-            return 0
-        return 1 if nearest_distance(after.player, loose) < nearest_distance(board.player, loose) else 0
-    (moved,) = after.boxes - board.boxes
-    (left,) = board.boxes - after.boxes
-    if moved in after.goals:
+    """The hand rule's rank of a legal move, from the facts `describe_move` states (`move_facts`)."""
+    f = move_facts(board, direction)
+    if not f.pushed:
+        return 1 if f.after is not None and f.after < f.before else 0
+    if f.on_goal:
         return 5
-    if after.dead():
+    if f.stuck:
         return -5
-    free = after.goals - (after.boxes - {moved})
-    return 2 if nearest_distance(moved, free) < nearest_distance(left, free) else -1
+    return 2 if f.after < f.before else -1
 
 
 def play(seeds: range, rule: bool, rng: random.Random) -> int:

@@ -145,27 +145,52 @@ def _change(before: int | None, after: int | None) -> str:
     return f"goes from {before} to {_squares(after)}"
 
 
-def describe_move(board: Board, direction: str) -> str:
-    """What a legal move does, as facts of the board after it (see the module docstring)."""
+@dataclass(frozen=True)
+class MoveFacts:
+    """What a legal move does (`move_facts`): where you stand after it, whether it pushes the box
+    (to `box`), and the distance it changes — yours to the nearest box off a goal for a step (None:
+    every box is on a goal), the box's to the nearest free goal for a push — before and after; for
+    a push also whether the box lands on a goal, solves the board, or is stuck in a corner."""
+
+    player: Cell
+    pushed: bool
+    box: Cell | None
+    before: int | None
+    after: int | None
+    on_goal: bool = False
+    solved: bool = False
+    stuck: bool = False
+
+
+def move_facts(board: Board, direction: str) -> MoveFacts:
+    """The facts of a legal move on `board`; ValueError if it is not legal."""
     after = board.move(direction)
     if after is None:
         raise ValueError(f"{direction!r} is not a legal move here")
     if after.boxes == board.boxes:
-        text = f"you step to {_cells_text([after.player])}"
         loose = after.boxes - after.goals
-        if loose:
-            text += (f"; your distance to the nearest box off a goal "
-                     f"{_change(nearest_distance(board.player, loose), nearest_distance(after.player, loose))}")
-        return text
+        return MoveFacts(after.player, False, None, nearest_distance(board.player, loose),
+                         nearest_distance(after.player, loose))
     (moved,) = after.boxes - board.boxes
     (left,) = board.boxes - after.boxes
-    text = f"you push the box to {_cells_text([moved])}"
-    if moved in after.goals:
-        return text + (", onto a goal: every box is then on a goal" if after.solved() else ", onto a goal")
     free = after.goals - (after.boxes - {moved})
-    change = _change(nearest_distance(left, free), nearest_distance(moved, free))
-    text += f"; its distance to the nearest free goal {change}"
-    if after.dead():
+    return MoveFacts(after.player, True, moved, nearest_distance(left, free), nearest_distance(moved, free),
+                     on_goal=moved in after.goals, solved=after.solved(), stuck=after.dead())
+
+
+def describe_move(board: Board, direction: str) -> str:
+    """What a legal move does, in words (see the module docstring and `move_facts`)."""
+    f = move_facts(board, direction)
+    if not f.pushed:
+        text = f"you step to {_cells_text([f.player])}"
+        if f.after is not None:
+            text += f"; your distance to the nearest box off a goal {_change(f.before, f.after)}"
+        return text
+    text = f"you push the box to {_cells_text([f.box])}"
+    if f.on_goal:
+        return text + (", onto a goal: every box is then on a goal" if f.solved else ", onto a goal")
+    text += f"; its distance to the nearest free goal {_change(f.before, f.after)}"
+    if f.stuck:
         text += "; it is then stuck against walls and can never reach a goal"
     return text
 
