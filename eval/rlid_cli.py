@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from runtime.errors import ConfigError
-from eval.rlid_config import RlidConfig, load_rlid
+from eval.rlid_config import RlidConfig, load_rlid, seed_range
 
 VERBS = ("train", "eval", "distill", "report")
 PLANES = ("decision", "token")
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=None,
                         help=f"eval: comma-separated subset of {', '.join(POLICIES)} (default: all that exist)")
     parser.add_argument("--force", action="store_true", help="eval: re-evaluate policies already evaluated")
+    parser.add_argument("--seeds", default=None, metavar="START:COUNT",
+                        help="eval: held-out seeds other than the config's (a replication set, declared before it is "
+                             "run); results go to output_path/eval_START_nCOUNT/")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
 
 
@@ -210,7 +214,6 @@ def _choose_on_dev(cfg: RlidConfig, models) -> tuple[dict[str, Any], dict[str, A
     """Each member alone, then each `ensemble.dev.candidates` setting, on the dev seeds (greedy);
     the best by successes (`rlid.ensemble.pick_on_dev`: a tie keeps the earlier, so a single member
     wins ties). Returns the chosen setting ({"alone": m} for a member) and the dev table."""
-    from eval.rlid_config import seed_range
     from rlid.ensemble import pick_on_dev
     from rlid.evaluate import evaluate_policy
 
@@ -230,12 +233,28 @@ def _choose_on_dev(cfg: RlidConfig, models) -> tuple[dict[str, Any], dict[str, A
     return setting, {"seeds": [seeds.start, seeds.stop], "scores": dict(scores), "chosen": chosen}
 
 
+def _with_eval_seeds(cfg: RlidConfig, spec: str | None) -> tuple[RlidConfig, Path]:
+    """The config with `--seeds START:COUNT` as its held-out seeds (checked disjoint from the training
+    seeds), and the folder its results go to: output_path/eval, or output_path/eval_START_nCOUNT."""
+    if spec is None:
+        return cfg, cfg.output_path / "eval"
+    try:
+        start, count = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ConfigError(f"--seeds {spec!r}: give START:COUNT, e.g. --seeds 620000:500") from None
+    seeds = seed_range({"start": start, "count": count}, (0, 0))
+    if set(seeds) & set(cfg.train_seeds):
+        raise ConfigError(f"--seeds {spec}: overlaps the training seeds {cfg.train_seeds.start}.."
+                          f"{cfg.train_seeds.stop - 1}; held-out seeds must be disjoint")
+    return replace(cfg, eval_seeds=seeds), cfg.output_path / f"eval_{start}_n{count}"
+
+
 def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
     from eval.rlid_report import episode_record, print_table
     from rlid.evaluate import live_moves
     from runtime.files import write_json_atomic, write_text_atomic
 
-    out = cfg.output_path / "eval"
+    cfg, out = _with_eval_seeds(cfg, args.seeds)
     out.mkdir(parents=True, exist_ok=True)
     wanted = args.policies.split(",") if args.policies else list(POLICIES)
     bad = sorted(set(wanted) - set(POLICIES))
@@ -254,7 +273,7 @@ def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
         write_json_atomic(path, {"policy": which, "seeds": [cfg.eval_seeds.start, cfg.eval_seeds.stop],
                                  **result.summary(), "per_seed": result.successes})
         print(f"{which}: success {result.success_rate:.1%} on {len(result.episodes)} held-out seeds")
-    print_table(cfg.output_path)
+    print_table(cfg.output_path, out.name)
     return 0
 
 

@@ -23,8 +23,8 @@ def episode_record(ep: Episode) -> dict[str, Any]:
             "actions": [t.state.actions[t.action] if t.action >= 0 else None for t in ep.transitions]}
 
 
-def load_results(folder: Path) -> dict[str, dict]:
-    found = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((folder / "eval").glob("*.json"))}
+def load_results(folder: Path, eval_dir: str = "eval") -> dict[str, dict]:
+    found = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((folder / eval_dir).glob("*.json"))}
     return {k: found[k] for k in sorted(found, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))}
 
 
@@ -47,11 +47,19 @@ def _wins(r: dict) -> str:
     return f"{100 * r['wins_taken']:.1f} ({100 * r['win_chance']:.1f}) of {r['win_decisions']}"
 
 
-def table(folder: Path) -> str:
-    """The markdown table of `folder/eval/*.json` (paired columns: vs the untrained LDM and vs token-level RL)."""
-    results = load_results(folder)
+def eval_dirs(folder: Path) -> list[str]:
+    """The run's evaluation folders: `eval` (the config's held-out seeds), then each `eval_START_nCOUNT`
+    (`adafuse rlid eval --seeds START:COUNT`), in seed order."""
+    extra = sorted((p for p in folder.glob("eval_*_n*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
+    return ["eval"] + [p.name for p in extra]
+
+
+def table(folder: Path, eval_dir: str = "eval") -> str:
+    """The markdown table of `folder/<eval_dir>/*.json` (paired columns: vs the untrained LDM and vs
+    token-level RL)."""
+    results = load_results(folder, eval_dir)
     if not results:
-        return f"(no evaluated policies under {folder / 'eval'})"
+        return f"(no evaluated policies under {folder / eval_dir})"
     base, tok = results.get("untrained"), results.get("token")
     lines = ["| policy | held-out seeds | success % [95 % CI] | vs untrained LDM (pp) | vs token-level RL (pp) "
              "| invalid actions | moves kept solvable % (chance %) | winning moves taken % (chance %) | decisions / s |",
@@ -83,8 +91,8 @@ def table(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def print_table(folder: Path) -> None:
-    print(table(folder))
+def print_table(folder: Path, eval_dir: str = "eval") -> None:
+    print(table(folder, eval_dir))
 
 
 def _curve(path: Path) -> tuple[list[float], list[float]]:
@@ -129,7 +137,13 @@ def report(folder: Path) -> int:
         raise ConfigError(f"{folder} is not a folder; give an RLiD run's output_path (e.g. runs/rlid_countdown)")
     from runtime.files import write_text_atomic
 
-    text = table(folder)
+    sections = []
+    for name in eval_dirs(folder):
+        results = load_results(folder, name)
+        seeds = next((r["seeds"] for r in results.values() if "seeds" in r), None)
+        title = f"## held-out seeds {seeds[0]}..{seeds[1] - 1} ({name}/)" if seeds else f"## {name}/"
+        sections.append(f"{title}\n\n{table(folder, name)}")
+    text = "\n\n".join(sections)
     png = plot(folder)
     write_text_atomic(folder / "report.md", f"# {folder.name}\n\n{text}\n" + (f"\n![learning curve]({png.name})\n" if png else ""))
     print(text)

@@ -55,8 +55,15 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     assert dec["win_decisions"] == 4 and dec["wins_taken"] == pytest.approx(dec["success"])   # ... with the answer on it
     ens = json.loads((out / "eval" / "ensemble.json").read_text())
     assert ens["consult_rate"] == 1.0                               # threshold 1.0: always consults
+    assert main(["rlid", "eval", config, "--policies", "untrained,decision", "--seeds", "2000:3"]) == 0
+    again = json.loads((out / "eval_2000_n3" / "decision.json").read_text())      # a replication set, its own folder
+    assert again["seeds"] == [2000, 2003] and again["episodes"] == 3
+    assert json.loads((out / "eval" / "decision.json").read_text()) == dec           # the config's set untouched
+    capsys.readouterr()
     assert main(["rlid", "report", str(out)]) == 0
     text = capsys.readouterr().out
+    assert text.index("held-out seeds 1000..1003 (eval/)") < text.index("held-out seeds 2000..2002 (eval_2000_n3/)")
+    assert "| decision | 3 |" in text
     assert "| decision | 4 |" in text and (out / "learning_curve.png").exists() and (out / "report.md").exists()
     dis = json.loads((out / "eval" / "distill.json").read_text())
     kept = f"{dis['success'] / dec['success']:.0%}" if dec["success"] else "n/a"
@@ -69,6 +76,11 @@ def test_bad_configs_are_one_line_errors(tmp_path, model_dir, capsys):
     config, _ = write_config(tmp_path, model_dir, eval={"seeds": {"start": 4, "count": 10}})
     assert main(["rlid", "train", config]) == 2
     assert "overlap" in capsys.readouterr().err
+    config, _ = write_config(tmp_path, model_dir)
+    for spec, message in (("3:2", "overlaps the training seeds 0..7"), ("3000", "give START:COUNT")):
+        assert main(["rlid", "eval", config, "--seeds", spec]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
     config, _ = write_config(tmp_path, model_dir, env={"name": "chess"})
     assert main(["rlid", "eval", config]) == 2
     assert "unknown env 'chess'" in capsys.readouterr().err
