@@ -59,17 +59,19 @@ def parse_predictions(path: Path, required: tuple[str, ...] = RECORD_KEYS
     return list(records.values()), None
 
 
-def read_predictions(path: Path, warn: Callable[[str], None] | None = None) -> list[dict]:
+def read_predictions(path: Path, warn: Callable[[str], None] | None = None,
+                     required: tuple[str, ...] = RECORD_KEYS) -> list[dict]:
     """Complete records of a predictions file, the first occurrence of each id (shards of different N
     may both write one). A last line cut short (no final newline, or not JSON: a write stopped by a
     kill or a full disk) is cut off the file with a warning (`warn`, default stderr), so the example
-    is computed again; any other line that is not a record is a one-line ConfigError naming it."""
+    is computed again; any other line that is not a record (a JSON object with the `required` keys)
+    is a one-line ConfigError naming it."""
     if not path.exists():
         return []
-    records, torn = parse_predictions(path)
+    records, torn = parse_predictions(path, required)
     if torn is not None:
         with exclusive(path):  # no append in flight (appends hold a shared lock): look again
-            records, torn = parse_predictions(path)
+            records, torn = parse_predictions(path, required)
             if torn is not None:
                 os.truncate(path, torn[0])
                 (warn or _stderr)(f"warning: {path}: line {torn[1]} was cut short by an interrupted write; "

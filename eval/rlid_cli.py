@@ -15,7 +15,7 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runtime.errors import ConfigError
 from eval.rlid_config import RlidConfig, load_rlid, seed_range
@@ -136,23 +136,29 @@ def distill(cfg: RlidConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_one(cfg: RlidConfig, which: str):
+def _rollout(cfg: RlidConfig, which: str) -> Callable[[list[int]], Any] | None:
+    """A single-model policy as a function rolling it out on a block of held-out seeds (an `EvalResult`;
+    the model is loaded on the first call), or None where that policy is not trained yet."""
     from rlid.distill import evaluate_token_policy
     from rlid.evaluate import evaluate_policy
     from rlid.token_policy import TokenPolicy
 
-    env, seeds = cfg.make_env(), cfg.eval_seeds
-    if which == "ensemble":
-        return _evaluate_ensemble(cfg)
     plane = {"untrained": None, "untrained-token": None, "decision": "decision", "token": "token", "distill": "distill"}[which]
     adapter = _adapter_dir(cfg, plane) if plane else None
     if plane and adapter is None:
         return None                                        # not trained yet: nothing to evaluate
-    member, _ = _member(cfg, adapter=adapter)
-    if which in ("untrained", "decision"):
-        return evaluate_policy(_decision_model(cfg, member), env, seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
-    policy = TokenPolicy(member, max_new_tokens=cfg.token_max_new_tokens)
-    return evaluate_token_policy(policy, env, seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+    loaded = []
+
+    def run(seeds: list[int]):
+        if not loaded:
+            member, _ = _member(cfg, adapter=adapter)
+            decision = which in ("untrained", "decision")
+            loaded.append(_decision_model(cfg, member) if decision else
+                          TokenPolicy(member, max_new_tokens=cfg.token_max_new_tokens))
+        evaluate = evaluate_policy if which in ("untrained", "decision") else evaluate_token_policy
+        return evaluate(loaded[0], cfg.make_env(), seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+
+    return run
 
 
 def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
@@ -250,6 +256,10 @@ def _with_eval_seeds(cfg: RlidConfig, spec: str | None) -> tuple[RlidConfig, Pat
 
 
 def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
+    """Each wanted policy on the held-out seeds, skipping those with a summary (`--force` redoes them).
+    Single-model policies run in blocks of `eval.batch` seeds, written as they go and resumed after a
+    kill (`eval.rlid_eval`); the ensemble (dev choice, members alone) runs in one go."""
+    from eval.rlid_eval import evaluate_in_blocks
     from eval.rlid_report import episode_record, print_table
     from rlid.evaluate import live_moves
     from runtime.files import write_json_atomic, write_text_atomic
@@ -261,18 +271,27 @@ def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
     if bad:
         raise ConfigError(f"unknown --policies {bad}; choose among {', '.join(POLICIES)}")
     for which in wanted:
-        path = out / f"{which}.json"
+        path, episodes = out / f"{which}.json", out / f"{which}.episodes.jsonl"
         if path.exists() and not args.force:
             continue
-        result = _evaluate_one(cfg, which)
+        if args.force:
+            episodes.unlink(missing_ok=True)
+        if which == "ensemble":
+            result = _evaluate_ensemble(cfg)
+            if result is not None:
+                result.extra.update(live_moves(cfg.make_env(), result.episodes) or {})  # replayed after the rollouts
+                write_text_atomic(episodes, "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
+                summary = {**result.summary(), "per_seed": result.successes}
+        else:
+            rollout = result = _rollout(cfg, which)
+            if rollout is not None:
+                summary = evaluate_in_blocks(rollout, cfg.make_env(), list(cfg.eval_seeds), episodes,
+                                             batch=cfg.eval_batch, label=which)
         if result is None:
             print(f"{which}: nothing to evaluate yet (not trained / not configured)")
             continue
-        result.extra.update(live_moves(cfg.make_env(), result.episodes) or {})   # replayed after the timed rollouts
-        write_text_atomic(out / f"{which}.episodes.jsonl", "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
-        write_json_atomic(path, {"policy": which, "seeds": [cfg.eval_seeds.start, cfg.eval_seeds.stop],
-                                 **result.summary(), "per_seed": result.successes})
-        print(f"{which}: success {result.success_rate:.1%} on {len(result.episodes)} held-out seeds")
+        write_json_atomic(path, {"policy": which, "seeds": [cfg.eval_seeds.start, cfg.eval_seeds.stop], **summary})
+        print(f"{which}: success {summary['success']:.1%} on {summary['episodes']} held-out seeds")
     print_table(cfg.output_path, out.name)
     return 0
 

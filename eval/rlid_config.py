@@ -6,7 +6,7 @@ baseline under the same budget, held-out evaluation seeds, and distillation.
     env: {name: countdown, options: {}, memory_k: 0}
     model: qwen2.5-coder-0.5b          # registry name, local folder or hub id
     train: {seeds: {start: 0, count: 400}, max_wall_s: 900, group_size: 4, lr: 1e-4, lora: {r: 8}}
-    eval: {seeds: {start: 100000, count: 100}}
+    eval: {seeds: {start: 100000, count: 100}, batch: 100}   # batch: seeds rolled out together (written per block)
     distill: {epochs: 2, lr: 2e-4}     # init: decision starts the student's adapter from the trained LDM's
     ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
     # or chosen on dev seeds among each member alone and these settings (disjoint from eval seeds):
@@ -80,6 +80,7 @@ class RlidConfig:
     train_seeds: range
     eval_seeds: range
     eval_greedy: bool
+    eval_batch: int
     distill: dict[str, Any]
     ensemble: dict[str, Any] | None
     raw: dict[str, Any] = field(default_factory=dict)
@@ -115,6 +116,8 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
         raise ConfigError(f"{source}: train seeds {train_seeds.start}..{train_seeds.stop - 1} overlap eval seeds "
                           f"{eval_seeds.start}..{eval_seeds.stop - 1}; held-out seeds must be disjoint")
     _check_ensemble(data.get("ensemble"), eval_seeds, source)
+    if ev.get("batch", 1) < 1:
+        raise ConfigError(f"{source}: eval.batch must be >= 1 (seeds rolled out together), got {ev['batch']}")
     env = data["env"]
     from rlid.envs import ENVIRONMENTS, make_env
 
@@ -128,6 +131,7 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
                      realise_action_text=bool(data.get("realise_action_text", False)),
                      token_max_new_tokens=int(data.get("token_max_new_tokens", 16)), train=train,
                      train_seeds=train_seeds, eval_seeds=eval_seeds, eval_greedy=bool(ev.get("greedy", True)),
+                     eval_batch=int(ev.get("batch", 100)),
                      distill=dict(data.get("distill") or {}), ensemble=data.get("ensemble"), raw=data)
     try:
         token = [cfg.train_config(plane) for plane in PLANE_KEYS][1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -92,6 +92,63 @@ def evaluate_policy(policy: Policy, make_env: Callable[[], Environment], seeds: 
     return EvalResult(episodes, time.perf_counter() - start, decisions)
 
 
+@dataclass
+class LiveCounts:
+    """Counts behind `live_moves` (sums over decisions, so episodes and blocks of them add up):
+    `chosen`/`chance` sum the chosen option's liveness and the live share of each menu over `n`
+    decisions; `won`/`win_chance` the same for immediately winning options over `n_win` decisions."""
+
+    chosen: float = 0.0
+    chance: float = 0.0
+    n: int = 0
+    won: float = 0.0
+    win_chance: float = 0.0
+    n_win: int = 0
+
+    def __add__(self, other: "LiveCounts") -> "LiveCounts":
+        return LiveCounts(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def summary(self) -> dict[str, float] | None:
+        """The `live_moves` fields, or None where no decision was counted."""
+        if not self.n:
+            return None
+        out = {"live_moves": self.chosen / self.n, "live_chance": self.chance / self.n, "live_decisions": self.n,
+               "win_decisions": self.n_win}
+        if self.n_win:
+            out.update(wins_taken=self.won / self.n_win, win_chance=self.win_chance / self.n_win)
+        return out
+
+
+def live_counts(env: Environment, ep: Episode) -> LiveCounts | None:
+    """`LiveCounts` of one episode, replayed from its seed on `env` (see `live_moves`); None for an
+    environment without a solvability check."""
+    if not hasattr(env, "option_values"):
+        return None
+    c = LiveCounts()
+    env.reset(ep.seed)
+    for t in ep.transitions:
+        if t.action is None or t.action < 0:
+            continue
+        if tuple(env.menu()) != tuple(t.state.actions):
+            raise RuntimeError(f"{env.name} seed {ep.seed}: the replayed menu differs from the episode's "
+                               "(the environment is not deterministic)")
+        try:
+            values = env.option_values()
+        except NotImplementedError:                        # no solvable(): a multi-move env without a check
+            return None
+        live = [v == 1.0 for v in values]
+        c.chosen += live[t.action]
+        c.chance += sum(live) / len(live)
+        c.n += 1
+        wins = env.option_wins()
+        if any(wins):
+            c.won += wins[t.action]
+            c.win_chance += sum(wins) / len(wins)
+            c.n_win += 1
+        env.step(t.action)
+    return c
+
+
 def live_moves(make_env: Callable[[], Environment], episodes: Sequence[Episode]) -> dict[str, float] | None:
     """How often a policy's move kept the puzzle solvable or solved it: `live_moves`, the share of its
     executed decisions whose option has Q* = 1 (`env.option_values()`), beside `live_chance`, the mean
@@ -103,35 +160,10 @@ def live_moves(make_env: Callable[[], Environment], episodes: Sequence[Episode])
     `win_chance`, the mean share of winning options there. None for an environment without a
     solvability check."""
     env = make_env()
-    if not hasattr(env, "option_values"):
-        return None
-    chosen = chance = won = win_chance = 0.0
-    n = n_win = 0
+    total = LiveCounts()
     for ep in episodes:
-        env.reset(ep.seed)
-        for t in ep.transitions:
-            if t.action is None or t.action < 0:
-                continue
-            if tuple(env.menu()) != tuple(t.state.actions):
-                raise RuntimeError(f"{env.name} seed {ep.seed}: the replayed menu differs from the episode's "
-                                   "(the environment is not deterministic)")
-            try:
-                values = env.option_values()
-            except NotImplementedError:                    # no solvable(): a multi-move env without a check
-                return None
-            live = [v == 1.0 for v in values]
-            chosen += live[t.action]
-            chance += sum(live) / len(live)
-            n += 1
-            wins = env.option_wins()
-            if any(wins):
-                won += wins[t.action]
-                win_chance += sum(wins) / len(wins)
-                n_win += 1
-            env.step(t.action)
-    if not n:
-        return None
-    out = {"live_moves": chosen / n, "live_chance": chance / n, "live_decisions": n, "win_decisions": n_win}
-    if n_win:
-        out.update(wins_taken=won / n_win, win_chance=win_chance / n_win)
-    return out
+        counts = live_counts(env, ep)
+        if counts is None:
+            return None
+        total = total + counts
+    return total.summary()

@@ -59,6 +59,17 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     again = json.loads((out / "eval_2000_n3" / "decision.json").read_text())      # a replication set, its own folder
     assert again["seeds"] == [2000, 2003] and again["episodes"] == 3
     assert json.loads((out / "eval" / "decision.json").read_text()) == dec           # the config's set untouched
+    # written as it goes: a kill after two episodes (a torn third line) resumes with the rest, same result
+    lines = (out / "eval" / "decision.episodes.jsonl").read_text().splitlines(keepends=True)
+    assert [json.loads(line)["id"] for line in lines] == [1000, 1001, 1002, 1003]
+    (out / "eval" / "decision.episodes.jsonl").write_text("".join(lines[:2]) + lines[2][:9])
+    (out / "eval" / "decision.json").unlink()
+    assert main(["rlid", "eval", config, "--policies", "decision"]) == 0
+    assert "decision: 4 / 4 seeds" in capsys.readouterr().out
+    redone = json.loads((out / "eval" / "decision.json").read_text())
+    assert (out / "eval" / "decision.episodes.jsonl").read_text().splitlines(keepends=True)[:2] == lines[:2]
+    changes = {k for k in dec if redone[k] != dec[k]}
+    assert changes <= {"wall_s", "decisions_per_s"} and redone["per_seed"] == dec["per_seed"]
     capsys.readouterr()
     assert main(["rlid", "report", str(out)]) == 0
     text = capsys.readouterr().out
