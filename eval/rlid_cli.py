@@ -136,9 +136,10 @@ def distill(cfg: RlidConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _rollout(cfg: RlidConfig, which: str) -> Callable[[list[int]], Any] | None:
+def _rollout(cfg: RlidConfig, which: str) -> tuple[Callable[[list[int]], Any], str] | None:
     """A single-model policy as a function rolling it out on a block of held-out seeds (an `EvalResult`;
-    the model is loaded on the first call), or None where that policy is not trained yet."""
+    the model is loaded on the first call) and the policy's source (its adapter folder, else the
+    model), or None where that policy is not trained yet."""
     from rlid.distill import evaluate_token_policy
     from rlid.evaluate import evaluate_policy
     from rlid.token_policy import TokenPolicy
@@ -158,7 +159,7 @@ def _rollout(cfg: RlidConfig, which: str) -> Callable[[list[int]], Any] | None:
         evaluate = evaluate_policy if which in ("untrained", "decision") else evaluate_token_policy
         return evaluate(loaded[0], cfg.make_env(), seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
 
-    return run
+    return run, f"{cfg.model}" + (f" + {adapter}" if adapter else "")
 
 
 def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
@@ -283,9 +284,10 @@ def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
                 write_text_atomic(episodes, "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
                 summary = {**result.summary(), "per_seed": result.successes}
         else:
-            rollout = result = _rollout(cfg, which)
-            if rollout is not None:
-                summary = evaluate_in_blocks(rollout, cfg.make_env(), list(cfg.eval_seeds), episodes,
+            result = _rollout(cfg, which)
+            if result is not None:
+                rollout, source = result
+                summary = evaluate_in_blocks(rollout, cfg.make_env(), list(cfg.eval_seeds), episodes, source=source,
                                              batch=cfg.eval_batch, label=which)
         if result is None:
             print(f"{which}: nothing to evaluate yet (not trained / not configured)")

@@ -18,9 +18,10 @@ from eval.predictions import read_predictions
 from eval.rlid_report import episode_record
 from rlid.evaluate import EvalResult, LiveCounts, live_counts, wilson_interval
 from rlid.types import Environment
+from runtime.errors import ConfigError
 from runtime.files import append_line
 
-EPISODE_KEYS = ("id", "success", "reward", "invalid", "steps", "wall_s", "live")
+EPISODE_KEYS = ("id", "source", "success", "reward", "invalid", "steps", "wall_s", "live")
 
 
 def summarize_episodes(records: Sequence[dict]) -> dict:
@@ -44,14 +45,20 @@ def summarize_episodes(records: Sequence[dict]) -> dict:
     return out
 
 
-def evaluate_in_blocks(rollout: Callable[[list[int]], EvalResult] | None, make_env: Callable[[], Environment],
-                       seeds: Sequence[int], path: Path, *, batch: int, label: str,
+def evaluate_in_blocks(rollout: Callable[[list[int]], EvalResult], make_env: Callable[[], Environment],
+                       seeds: Sequence[int], path: Path, *, source: str, batch: int, label: str,
                        log: Callable[[str], None] = print) -> dict:
     """Roll out the `seeds` not yet recorded in `path` (blocks of `batch` seeds, `rollout(block)` each),
     appending one record per episode as each block ends; return `summarize_episodes` over all of them.
-    `rollout` is only called when seeds are left (pass None when there are none)."""
+    `rollout` is only called when seeds are left. `source` names the policy evaluated (its model or
+    adapter folder); records of another source are refused in one line (a resume never mixes two)."""
     wanted = set(seeds)
-    done = {r["id"]: r for r in read_predictions(path, required=EPISODE_KEYS) if r["id"] in wanted}
+    saved = read_predictions(path, required=EPISODE_KEYS)
+    other = next((r["source"] for r in saved if r["source"] != source), None)
+    if other is not None:
+        raise ConfigError(f"{path} holds episodes of {other}, not of {source}; rerun with --force to evaluate "
+                          f"from scratch")
+    done = {r["id"]: r for r in saved if r["id"] in wanted}
     todo = [s for s in seeds if s not in done]
     if todo:
         env, start = make_env(), time.perf_counter()
@@ -62,7 +69,7 @@ def evaluate_in_blocks(rollout: Callable[[list[int]], EvalResult] | None, make_e
                 result = rollout(block)
                 for ep in result.episodes:
                     counts = live_counts(env, ep)
-                    rec = {"id": ep.seed, **episode_record(ep), "wall_s": result.wall_s / len(block),
+                    rec = {"id": ep.seed, "source": source, **episode_record(ep), "wall_s": result.wall_s / len(block),
                            "live": asdict(counts) if counts is not None else None}
                     append_line(fd, json.dumps(rec) + "\n", path)
                     done[ep.seed] = rec

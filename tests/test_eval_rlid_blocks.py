@@ -38,7 +38,7 @@ def test_blocks_are_written_as_they_go_and_summarised_like_one_rollout(tmp_path)
         return evaluate_policy(LastOption(), make, block)
 
     path = tmp_path / "p.episodes.jsonl"
-    got = evaluate_in_blocks(rollout, make, seeds, path, batch=2, label="p", log=lines.append)
+    got = evaluate_in_blocks(rollout, make, seeds, path, batch=2, source="last", label="p", log=lines.append)
     assert blocks == [[40, 41], [42, 43], [44]]
     assert [line.split(",")[0] for line in lines] == ["p: 2 / 5 seeds", "p: 4 / 5 seeds", "p: 5 / 5 seeds"]
     assert [json.loads(x)["id"] for x in path.read_text().splitlines()] == seeds
@@ -50,19 +50,29 @@ def test_blocks_are_written_as_they_go_and_summarised_like_one_rollout(tmp_path)
         assert got[key] == pytest.approx(want[key]), key
 
     blocks.clear()                                     # all recorded: no rollout at all, same summary
-    assert evaluate_in_blocks(rollout, make, seeds, path, batch=2, label="p", log=lines.append) == got
+    assert evaluate_in_blocks(rollout, make, seeds, path, batch=2, source="last", label="p", log=lines.append) == got
     assert blocks == []
 
 
 def test_a_resumed_run_rolls_out_only_the_missing_seeds(tmp_path):
     path = tmp_path / "p.episodes.jsonl"
     rollout = lambda block: evaluate_policy(LastOption(), make, block)  # noqa: E731
-    full = evaluate_in_blocks(rollout, make, [1, 2, 3, 4], path, batch=4, label="p", log=lambda _: None)
+    full = evaluate_in_blocks(rollout, make, [1, 2, 3, 4], path, batch=4, source="last", label="p", log=lambda _: None)
     kept = path.read_text().splitlines(keepends=True)
     path.write_text(kept[0] + kept[2] + kept[3][:5])   # seed 2 lost, seed 4 torn by a kill
     asked = []
     again = evaluate_in_blocks(lambda b: (asked.append(b), rollout(b))[1], make, [1, 2, 3, 4], path, batch=4,
-                               label="p", log=lambda _: None)
+                               source="last", label="p", log=lambda _: None)
     assert asked == [[2, 4]]
     assert {k: v for k, v in again.items() if k not in ("wall_s", "decisions_per_s")} == \
            pytest.approx({k: v for k, v in full.items() if k not in ("wall_s", "decisions_per_s")})
+
+
+def test_episodes_of_another_policy_are_refused(tmp_path):
+    from runtime.errors import ConfigError
+
+    path = tmp_path / "p.episodes.jsonl"
+    rollout = lambda block: evaluate_policy(LastOption(), make, block)  # noqa: E731
+    evaluate_in_blocks(rollout, make, [1, 2], path, source="ckpt-5", batch=4, label="p", log=lambda _: None)
+    with pytest.raises(ConfigError, match="holds episodes of ckpt-5, not of ckpt-9; rerun with --force"):
+        evaluate_in_blocks(rollout, make, [1, 2, 3], path, source="ckpt-9", batch=4, label="p", log=lambda _: None)
