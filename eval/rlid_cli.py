@@ -148,15 +148,15 @@ def _rollout(cfg: RlidConfig, which: str) -> tuple[Callable[[list[int]], Any], s
     adapter = _adapter_dir(cfg, plane) if plane else None
     if plane and adapter is None:
         return None                                        # not trained yet: nothing to evaluate
+    decision = which in ("untrained", "decision")
+    evaluate = evaluate_policy if decision else evaluate_token_policy
     loaded = []
 
     def run(seeds: list[int]):
         if not loaded:
             member, _ = _member(cfg, adapter=adapter)
-            decision = which in ("untrained", "decision")
             loaded.append(_decision_model(cfg, member) if decision else
                           TokenPolicy(member, max_new_tokens=cfg.token_max_new_tokens))
-        evaluate = evaluate_policy if which in ("untrained", "decision") else evaluate_token_policy
         return evaluate(loaded[0], cfg.make_env(), seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
 
     return run, f"{cfg.model}" + (f" + {adapter}" if adapter else "")
@@ -256,14 +256,38 @@ def _with_eval_seeds(cfg: RlidConfig, spec: str | None) -> tuple[RlidConfig, Pat
     return replace(cfg, eval_seeds=seeds), cfg.output_path / f"eval_{start}_n{count}"
 
 
+def _blocked_summary(cfg: RlidConfig, which: str, episodes: Path) -> dict[str, Any] | None:
+    """A single-model policy's summary, its episodes written to `episodes` block by block (resumed)."""
+    from eval.rlid_eval import evaluate_in_blocks
+
+    found = _rollout(cfg, which)
+    if found is None:
+        return None
+    rollout, source = found
+    return evaluate_in_blocks(rollout, cfg.make_env(), list(cfg.eval_seeds), episodes, source=source,
+                              batch=cfg.eval_batch, label=which)
+
+
+def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
+    """The ensemble's summary (one go: dev choice, then the members alone), its episodes written at the end."""
+    from eval.rlid_report import episode_record
+    from rlid.evaluate import live_moves
+    from runtime.files import write_text_atomic
+
+    result = _evaluate_ensemble(cfg)
+    if result is None:
+        return None
+    result.extra.update(live_moves(cfg.make_env(), result.episodes) or {})  # replayed after the timed rollouts
+    write_text_atomic(episodes, "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
+    return {**result.summary(), "per_seed": result.successes}
+
+
 def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
     """Each wanted policy on the held-out seeds, skipping those with a summary (`--force` redoes them).
     Single-model policies run in blocks of `eval.batch` seeds, written as they go and resumed after a
     kill (`eval.rlid_eval`); the ensemble (dev choice, members alone) runs in one go."""
-    from eval.rlid_eval import evaluate_in_blocks
-    from eval.rlid_report import episode_record, print_table
-    from rlid.evaluate import live_moves
-    from runtime.files import write_json_atomic, write_text_atomic
+    from eval.rlid_report import print_table
+    from runtime.files import write_json_atomic
 
     cfg, out = _with_eval_seeds(cfg, args.seeds)
     out.mkdir(parents=True, exist_ok=True)
@@ -277,19 +301,8 @@ def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
             continue
         if args.force:
             episodes.unlink(missing_ok=True)
-        if which == "ensemble":
-            result = _evaluate_ensemble(cfg)
-            if result is not None:
-                result.extra.update(live_moves(cfg.make_env(), result.episodes) or {})  # replayed after the rollouts
-                write_text_atomic(episodes, "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
-                summary = {**result.summary(), "per_seed": result.successes}
-        else:
-            result = _rollout(cfg, which)
-            if result is not None:
-                rollout, source = result
-                summary = evaluate_in_blocks(rollout, cfg.make_env(), list(cfg.eval_seeds), episodes, source=source,
-                                             batch=cfg.eval_batch, label=which)
-        if result is None:
+        summary = _ensemble_summary(cfg, episodes) if which == "ensemble" else _blocked_summary(cfg, which, episodes)
+        if summary is None:
             print(f"{which}: nothing to evaluate yet (not trained / not configured)")
             continue
         write_json_atomic(path, {"policy": which, "seeds": [cfg.eval_seeds.start, cfg.eval_seeds.stop], **summary})

@@ -6,6 +6,7 @@ differences on the same seeds, invalid actions, decisions per second) and the le
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,9 @@ def _wins(r: dict) -> str:
 def eval_dirs(folder: Path) -> list[str]:
     """The run's evaluation folders: `eval` (the config's held-out seeds), then each `eval_START_nCOUNT`
     (`adafuse rlid eval --seeds START:COUNT`), in seed order."""
-    extra = sorted((p for p in folder.glob("eval_*_n*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
-    return ["eval"] + [p.name for p in extra]
+    extra = [(int(m[1]), p.name) for p in folder.glob("eval_*_n*")
+             if p.is_dir() and (m := re.fullmatch(r"eval_(\d+)_n\d+", p.name))]
+    return ["eval"] + [name for _, name in sorted(extra)]
 
 
 def table(folder: Path, eval_dir: str = "eval") -> str:
