@@ -270,7 +270,7 @@ def _blocked_summary(cfg: RlidConfig, which: str, episodes: Path) -> dict[str, A
 
 def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
     """The ensemble's summary (one go: dev choice, then the members alone), its episodes written at the end."""
-    from eval.rlid_report import episode_record
+    from eval.rlid_eval import episode_record
     from rlid.evaluate import live_moves
     from runtime.files import write_text_atomic
 

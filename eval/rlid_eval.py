@@ -12,16 +12,22 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from eval.predictions import read_predictions
-from eval.rlid_report import episode_record
 from rlid.evaluate import EvalResult, LiveCounts, live_counts, wilson_interval
-from rlid.types import Environment
+from rlid.types import Environment, Episode
 from runtime.errors import ConfigError
 from runtime.files import append_line
 
 EPISODE_KEYS = ("id", "source", "success", "reward", "invalid", "steps", "wall_s", "live")
+
+
+def episode_record(ep: Episode) -> dict[str, Any]:
+    """An episode as one JSONL record: seed, success, reward, invalid count, the chosen actions."""
+    return {"env": ep.env, "seed": ep.seed, "success": ep.success, "reward": ep.total_reward, "invalid": ep.invalid,
+            "steps": len(ep.transitions),
+            "actions": [t.state.actions[t.action] if t.action >= 0 else None for t in ep.transitions]}
 
 
 def summarize_episodes(records: Sequence[dict]) -> dict:

@@ -8,20 +8,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from runtime.errors import ConfigError
 from rlid.evaluate import paired_difference
-from rlid.types import Episode
 
 ORDER = ("untrained", "untrained-token", "decision", "token", "distill", "ensemble")
-
-
-def episode_record(ep: Episode) -> dict[str, Any]:
-    """An episode as one JSONL record: seed, success, reward, invalid count, the chosen actions."""
-    return {"env": ep.env, "seed": ep.seed, "success": ep.success, "reward": ep.total_reward, "invalid": ep.invalid,
-            "steps": len(ep.transitions),
-            "actions": [t.state.actions[t.action] if t.action >= 0 else None for t in ep.transitions]}
 
 
 def load_results(folder: Path, eval_dir: str = "eval") -> dict[str, dict]:
