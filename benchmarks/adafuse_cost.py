@@ -11,6 +11,8 @@ alike), and prints:
   time spent in prompt prefill (`Member.start`; each run starts with empty prefix caches);
 - where an ensemble's decoding time goes, in units of the slowest member alone's (its "x without
   prefill" split): the time inside each model's forwards, and the rest (Python, tokenisation, fusion);
+- at batch 1, the floor a perfect, free drafter for the lead's confident runs would leave (the time
+  inside those runs replaced by one lead forward per run; see `add_ratios`);
 - accuracy (exact match on the final number) of each run, for orientation only (few questions).
 
 Words are `adafuse.words.count_words` units of the output text. With `--normalisation` it instead
@@ -63,15 +65,18 @@ def batches(prompts, batch_size):
 
 PREFILL_S = [0.0]  # seconds spent in Member.start (prompt prefill), see `time_prefill`
 FORWARD_S: dict[str, float] = {}  # per model name, seconds inside its decoding forwards (prefill excluded)
+CONFIDENT_S = [0.0]  # seconds inside the lead's confident runs (`LeadDecoder.advance`), see `time_prefill`
 
 
 def time_prefill() -> None:
     """Accumulate the wall time of every `Member.start` into PREFILL_S (to report decoding alone), and
-    of every model call on a KV state outside prefill into FORWARD_S[model name] (where the time goes)."""
+    of every model call on a KV state outside prefill into FORWARD_S[model name] (where the time goes),
+    and of the lead's confident runs (every forward and line of Python in them) into CONFIDENT_S."""
+    from adafuse.methods.word_level import LeadDecoder
     from runtime.kv_state import KVState
     from runtime.member import Member
 
-    start, run_model = Member.start, KVState._run_model
+    start, run_model, advance = Member.start, KVState._run_model, LeadDecoder.advance
     in_prefill = [False]
 
     def timed(self, prompts_ids, *args, **kwargs):
@@ -92,11 +97,19 @@ def time_prefill() -> None:
                 name = self.member.name
                 FORWARD_S[name] = FORWARD_S.get(name, 0.0) + time.perf_counter() - t0
 
+    def timed_advance(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return advance(self, *args, **kwargs)
+        finally:
+            CONFIDENT_S[0] += time.perf_counter() - t0
+
     Member.start = timed
     KVState._run_model = timed_forward
+    LeadDecoder.advance = timed_advance
 
 
-def summarise(name, outs, members, task, docs, wall, prefill=0.0, forward_s=None):
+def summarise(name, outs, members, task, docs, wall, prefill=0.0, forward_s=None, confident_s=None):
     from adafuse.words import count_words
 
     words = sum(count_words(o.text) for o in outs)
@@ -122,6 +135,9 @@ def summarise(name, outs, members, task, docs, wall, prefill=0.0, forward_s=None
                 for g in r.gate:
                     decisions[g["decision"]] = decisions.get(g["decision"], 0) + 1
         row["gate_decisions"] = decisions  # confident / uncertain / forced (after `span` confident words)
+        row["confident_runs"] = sum(1 for o in outs for r in o.trace or [] if r.kind == "confident")
+        if confident_s is not None:
+            row["confident_s"] = round(confident_s, 2)
     return row
 
 
@@ -142,9 +158,11 @@ def cost_main(args) -> None:
     stop = list(task.until)
     members = [load_member(n, dtype=args.dtype) for n in args.members.split(",")]
     runs = []  # (name, generate(prompts) -> outputs)
+    lead_of: dict[str, str] = {}  # run name -> the model whose time a perfect drafter could not save
     if not args.skip_alone:
         for m in members:
             runs.append((m.name, lambda ps, m=m: m.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop)))
+            lead_of[m.name] = m.name
     knobs = json.loads(args.options) if args.options else {}
     variants = json.loads(args.ensembles) if args.ensembles else [{}]
     base_drafters = [None if d in ("", "none") else d for d in args.drafters.split(",")] if args.drafters else None
@@ -158,26 +176,29 @@ def cost_main(args) -> None:
                        **({} if method == "single" else {**knobs, **variant}))
         print(f"== {ens!r}", file=sys.stderr, flush=True)
         runs.append((name, lambda ps, ens=ens: ens.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop)))
+        lead_of[name] = members[lead].name
     caches = {name: {m.name: PrefixCache() for m in members} for name, _ in runs}
     outs = {name: [] for name, _ in runs}
     wall = {name: 0.0 for name, _ in runs}
     prefill = {name: 0.0 for name, _ in runs}
+    confident = {name: 0.0 for name, _ in runs}
     forward_s: dict[str, dict[str, float]] = {name: {} for name, _ in runs}
     for batch in batches(prompts, args.batch_size):
         for name, generate in runs:
             for m in members:
                 m.prefix_cache = caches[name][m.name]
-            t0, p0 = time.perf_counter(), PREFILL_S[0]
+            t0, p0, c0 = time.perf_counter(), PREFILL_S[0], CONFIDENT_S[0]
             FORWARD_S.clear()
             outs[name].extend(generate(batch))
             wall[name] += time.perf_counter() - t0
             prefill[name] += PREFILL_S[0] - p0
+            confident[name] += CONFIDENT_S[0] - c0
             for k, v in FORWARD_S.items():
                 forward_s[name][k] = forward_s[name].get(k, 0.0) + v
         print(f"    {len(outs[runs[0][0]])}/{len(prompts)} " +
               " ".join(f"{name} {wall[name]:.0f}s" for name, _ in runs), file=sys.stderr, flush=True)
-    results = [summarise(name, outs[name], members, task, docs, wall[name], prefill[name], forward_s[name])
-               for name, _ in runs]
+    results = [{**summarise(name, outs[name], members, task, docs, wall[name], prefill[name], forward_s[name],
+                            confident[name]), "lead": lead_of[name]} for name, _ in runs]
     for r in results:
         print(json.dumps(r), flush=True)
     if args.save:
@@ -188,15 +209,20 @@ def cost_main(args) -> None:
                 for d, o in zip(docs, outs[name]):
                     f.write(json.dumps({"id": d["id"], "text": o.text, "stats": o.stats,
                                         "trace": [r.to_dict() for r in o.trace or []]}) + "\n")
-    add_ratios(results, {m.name for m in members})
+    add_ratios(results, {m.name for m in members}, floor=args.batch_size == 1)
     print(json.dumps({"config": vars(args), "results": results}))
     if args.markdown:
         Path(args.markdown).write_text(cost_markdown(results, args))
 
 
-def add_ratios(results, alone_names) -> None:
+def add_ratios(results, alone_names, floor: bool = False) -> None:
     """Add to each ensemble row its ratios to the slowest member alone (wall and decode time per word)
-    and the decode ratio split by model (`decode_shares`), and print them."""
+    and the decode ratio split by model (`decode_shares`), and print them. With `floor` (batch 1) also
+    `floor_ratio`: the decode ratio a perfect, free drafter for the lead's confident runs would leave —
+    the time inside those runs replaced by one lead forward per run (the least a lossless lead can
+    do: it must see the run's tokens once to check them and to gate the next word; the forward's cost
+    is the lead's mean decode forward alone). Everything else (ensembled words, the other members,
+    Python) stays as measured."""
     alone = [r for r in results if r["run"] in alone_names]
     if not alone:
         return
@@ -205,6 +231,11 @@ def add_ratios(results, alone_names) -> None:
         if r not in alone:
             r["ratio_to_slowest_alone"] = round(r["s_per_word"] / slowest["s_per_word"], 3)
             r["decode_ratio_to_slowest_alone"] = round(r["decode_s_per_word"] / slowest["decode_s_per_word"], 3)
+            lead_alone = next((a for a in alone if a["run"] == r.get("lead")), None)
+            if floor and "confident_s" in r and lead_alone and lead_alone.get("forward_s_per_word"):
+                one_forward = (lead_alone["forward_s_per_word"][r["lead"]] / lead_alone["fwd_per_word"][r["lead"]])
+                kept = r["decode_s_per_word"] * r["words"] - r["confident_s"] + r["confident_runs"] * one_forward
+                r["floor_ratio"] = round(kept / r["words"] / slowest["decode_s_per_word"], 3)
             if "forward_s_per_word" in r:  # the decode ratio split: each model's forwards, then the rest
                 base = max(slowest["decode_s_per_word"], 1e-9)
                 r["decode_shares"] = {**{k: round(v / base, 3) for k, v in r["forward_s_per_word"].items()},
@@ -212,7 +243,9 @@ def add_ratios(results, alone_names) -> None:
             print(f"\n{r['run']}: wall time per output word {r['s_per_word']:.3f} s, slowest alone "
                   f"({slowest['run']}) {slowest['s_per_word']:.3f} s -> ratio {r['ratio_to_slowest_alone']:.2f}x "
                   f"(without prompt prefill: {r['decode_s_per_word']:.3f} vs {slowest['decode_s_per_word']:.3f} s "
-                  f"-> {r['decode_ratio_to_slowest_alone']:.2f}x)")
+                  f"-> {r['decode_ratio_to_slowest_alone']:.2f}x)" +
+                  (f"; with a perfect free drafter on the lead's confident runs >= {r['floor_ratio']:.2f}x"
+                   if "floor_ratio" in r else ""))
 
 
 def cost_markdown(results, args) -> str:
@@ -220,8 +253,9 @@ def cost_markdown(results, args) -> str:
     lines = [f"# AdaFuse cost on GSM8K ({args.limit} questions, {args.max_new_tokens} new tokens, batch {args.batch_size})",
              "", f"    {cmd}", "",
              "| run | words | wall s | prefill s | s / word | x slowest alone | x without prefill | ensembled rounds "
-             "| words / round | gate decisions | forward passes / word | x without prefill, by model | accuracy |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|--:|"]
+             "| words / round | gate decisions | forward passes / word | x without prefill, by model "
+             "| floor: perfect lead drafter | accuracy |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|---|--:|--:|"]
     for r in results:
         lines.append(f"| {r['run']} | {r['words']} | {r['wall_s']:.0f} | {r['prefill_s']:.0f} | {r['s_per_word']:.3f} | "
                      f"{r.get('ratio_to_slowest_alone', '-')} | {r.get('decode_ratio_to_slowest_alone', '-')} | "
@@ -229,7 +263,7 @@ def cost_markdown(results, args) -> str:
                      f"{r.get('words_per_round', '-')} | {r.get('gate_decisions', '-')} | "
                      f"{', '.join(f'{k} {v}' for k, v in r['fwd_per_word'].items())} | "
                      f"{', '.join(f'{k} {v}' for k, v in r.get('decode_shares', {}).items()) or '-'} | "
-                     f"{r['accuracy']:.2f} |")
+                     f"{r.get('floor_ratio', '-')} | {r['accuracy']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
