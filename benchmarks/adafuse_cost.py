@@ -158,7 +158,7 @@ def cost_main(args) -> None:
     stop = list(task.until)
     members = [load_member(n, dtype=args.dtype) for n in args.members.split(",")]
     runs = []  # (name, generate(prompts) -> outputs)
-    lead_of: dict[str, str] = {}  # run name -> the model whose time a perfect drafter could not save
+    lead_of: dict[str, str] = {}  # run name -> its lead (a member alone: itself), for the floor
     if not args.skip_alone:
         for m in members:
             runs.append((m.name, lambda ps, m=m: m.generate(ps, max_new_tokens=args.max_new_tokens, stop=stop)))
