@@ -135,7 +135,7 @@ def summarise(name, outs, members, task, docs, wall, prefill=0.0, forward_s=None
                 for g in r.gate:
                     decisions[g["decision"]] = decisions.get(g["decision"], 0) + 1
         row["gate_decisions"] = decisions  # confident / uncertain / forced (after `span` confident words)
-        row["confident_runs"] = sum(1 for o in outs for r in o.trace or [] if r.kind == "confident")
+        row["confident_runs"] = rounds - sum(s["ensemble_rounds"] for s in stats)  # a round: a run or an ensembled word
         if confident_s is not None:
             row["confident_s"] = round(confident_s, 2)
     return row
