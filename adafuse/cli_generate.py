@@ -6,6 +6,7 @@ import argparse
 
 from adafuse import ensemble_cli
 from runtime.errors import AdafuseError, ConfigError
+from runtime.views import split_members
 from specdec import generate_cli
 
 
@@ -45,7 +46,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.model:
         members, drafters = [args.model], [getattr(args, "drafter", None)]
     else:
-        members = [m.strip() for m in args.members.split(",") if m.strip()]
+        members = split_members(args.members)
         drafters = ensemble_cli.parse_drafters(args.drafters, len(members)) or [None] * len(members)
     for member, drafter in zip(members, drafters):
         check_spec(member)  # a typo in the last member fails before the first one loads

@@ -4,17 +4,19 @@
     outs = ens.generate(["Question: ...\\nAnswer:"], max_new_tokens=128, stop=["\\n\\nQuestion:"])
     outs[0].text, outs[0].trace, outs[0].cost
 
-Members: registry names, local folders, hub ids, loaded `(model, tokenizer)` pairs or `Member`s;
+Members: registry names, local folders, hub ids, loaded `(model, tokenizer)` pairs or `Member`s, and
+views of a model (`"qwen2.5-coder-1.5b[shots=4:8,chat=false]"` or `{"name": ..., "view": {...}}`,
+`runtime.views`): views load their model once and run their forwards together;
 `devices=["cpu", "cuda:1", "auto"]` places each loaded member (and its drafter) on its own device
 (`runtime.devices`; "auto" = transformers' device_map="auto" for a member too big for one device).
 Methods (`method=`): the `Method`s registered in `adafuse.methods` (single, adafuse, word-fixed,
-token-union, sample-rerank). Method options (`**config`) are parsed into the method's options
+token-union, sample-rerank, self-consistency, view-vote). Method options (`**config`) are parsed into the method's options
 dataclass when the ensemble is built; bad ones raise a one-line `ConfigError` before any model loads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from adafuse.methods import GenerationRequest, Method, get_method
 from adafuse.methods.base import check_members
@@ -23,6 +25,7 @@ from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
 from runtime.member import Member
 from runtime.outputs import GenerationOutput
+from runtime.views import split_member_spec, split_members
 from specdec import drafters as dr
 from specdec.engine import SpeculativeGenerator
 
@@ -131,7 +134,10 @@ class Ensemble:
                  chat: bool | None = None, devices: Sequence[str] | None = None, member_drafting: Any = "off",
                  **config: Any):
         if isinstance(members, (str, bytes)):
-            members = [m for m in str(members).split(",") if m]
+            members = split_members(str(members))
+        for m in members:  # every view's recipe, checked before any model loads
+            if isinstance(m, (str, dict)):
+                split_member_spec(m)
         self.config = EnsembleConfig(method, list(weights) if weights is not None else None, lead, dtype, chat,
                                      dict(config))
         self._method, self._options = self.config.validate(len(members))
@@ -160,15 +166,21 @@ class Ensemble:
     def method(self) -> str:
         return self.config.method
 
+    takes_answer = True  # `generate(answer=...)`: the eval harness hands answer-level methods the task's filter
+
     def generate(self, prompts: Sequence[str] | str, max_new_tokens: int = 128, stop: Sequence[str] | None = None,
-                 temperature: float = 0.0, seed: int | None = None) -> list[GenerationOutput]:
+                 temperature: float = 0.0, seed: int | None = None,
+                 answer: Callable[[str], str] | None = None) -> list[GenerationOutput]:
         """One `GenerationOutput` per prompt: text (stop string excluded), trace (word-level methods:
-        a list of `Round`s), cost counters per member and wall time (a batch's cost split evenly)."""
+        a list of `Round`s), cost counters per member and wall time (a batch's cost split evenly).
+        `answer`: an output's answer (e.g. the final number), for the answer-level methods
+        (self-consistency, view-vote vote on it); others ignore it."""
         if isinstance(prompts, str):
             prompts = [prompts]
         if not prompts:
             return []
-        request = GenerationRequest.make(prompts, max_new_tokens, stop, temperature, seed, chat=self.config.chat)
+        request = GenerationRequest.make(prompts, max_new_tokens, stop, temperature, seed, chat=self.config.chat,
+                                         answer=answer)
         return self._method.generate(self.members, request, self._options, lead=self.config.lead,
                                      weights=self.config.member_weights(len(self.members)),
                                      speculators=self.speculators)

@@ -11,8 +11,9 @@ import sys
 from typing import Any
 
 from runtime.errors import ConfigError
+from runtime.views import split_members
 
-METHODS = ("adafuse", "word-fixed", "token-union", "sample-rerank", "single")
+METHODS = ("adafuse", "word-fixed", "token-union", "sample-rerank", "self-consistency", "view-vote", "single")
 _KNOBS = ("threshold", "span", "candidates", "normalise", "calibration", "draft_candidates", "fusion", "keep_margin")
 
 
@@ -99,7 +100,7 @@ def format_cost(out: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     from adafuse.ensemble import Ensemble
 
-    members = [m.strip() for m in args.members.split(",") if m.strip()]
+    members = split_members(args.members)
     knobs = {k: getattr(args, k) for k in _KNOBS if getattr(args, k, None) is not None}
     ens = Ensemble(members, method=args.method, weights=_floats(args.weights, "--weights"),
                    drafters=parse_drafters(args.drafters, len(members)), lead=args.lead, dtype=args.dtype,

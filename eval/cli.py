@@ -66,6 +66,10 @@ def build_parser(verb: str | None) -> tuple[argparse.ArgumentParser, dict[str, o
         if name == verb:
             module = importlib.import_module(module_name)
             module.add_arguments(sp)
+            if name in LOADS_MODELS and "--threads" not in sp._option_string_actions:
+                sp.add_argument("--threads", type=int, default=None, metavar="N",
+                                help="CPU threads for model work (default: torch's, one per core); use 1 per process "
+                                     "when several processes share the cores")
             add_dashed_aliases(sp)
             modules[name] = module
     return parser, modules, subparsers
@@ -83,6 +87,17 @@ def _quiet_transformers(verb: str) -> None:
         hf_logging.disable_progress_bar()
 
 
+def _set_threads(threads: int | None) -> None:
+    """`--threads N`: torch's intra-op threads (one-line error for N < 1)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise AdafuseError(f"--threads {threads} is invalid: a number of threads >= 1")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
@@ -92,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         subparsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     _quiet_transformers(args.command)
     try:
+        _set_threads(getattr(args, "threads", None))
         return int(modules[args.command].run(args) or 0)
     except AdafuseError as exc:
         print(f"error: {exc}", file=sys.stderr)

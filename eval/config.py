@@ -28,6 +28,7 @@ import yaml
 from runtime.devices import check_devices
 from runtime.errors import ConfigError
 from runtime.files import read_text
+from runtime.views import member_spec, normalise_member, parse_view
 from eval.methods import known_methods
 from eval.schema import Field, validate
 from eval.task import Task, get_task
@@ -41,7 +42,7 @@ TASK_ENTRY = {
     "generation": GENERATION,
     "split": Field((str,), choices=("test", "dev")),
 }
-MEMBER_ENTRY = {"name": Field((str,), required=True), "device": Field((str,))}
+MEMBER_ENTRY = {"name": Field((str,), required=True), "device": Field((str,)), "view": Field((dict,))}
 RUN = {
     "name": Field((str,)),
     "method": Field((str,), required=True),
@@ -64,6 +65,7 @@ CONFIG_SCHEMA: dict[str, Field] = {
     "output_path": Field((str,)),
     "data_dir": Field((str, type(None))),
     "bootstrap": Field((int,)),
+    "dtype": Field((str,)),  # every run's model dtype unless its options set one (default float32)
     "tune": Field((dict,)),  # validated by eval.tune; here only its `members` (the runs when none are given)
 }
 
@@ -116,12 +118,20 @@ class EvalConfig:
     batch_size: int = 1
     bootstrap: int = 1000
     description: str = ""
+    dtype: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config (what `config.yaml` in the output folder records)."""
         return {"source": self.source, "description": self.description, "output_path": self.output_path,
                 "data_dir": self.data_dir, "seed": self.seed, "batch_size": self.batch_size, "bootstrap": self.bootstrap,
+                **({"dtype": self.dtype} if self.dtype else {}),
                 "tasks": [t.to_dict() for t in self.tasks], "runs": [r.to_dict() for r in self.runs]}
+
+    def run_options(self, run: RunSpec) -> dict[str, Any]:
+        """`run`'s options with the config's `dtype` where the run sets none."""
+        if self.dtype and "dtype" not in run.options:
+            return {**run.options, "dtype": self.dtype}
+        return dict(run.options)
 
 
 def _positive(value: Any, key: str, source: str, minimum: int = 1) -> None:
@@ -148,18 +158,36 @@ def _tune_runs(data: dict[str, Any], source: str) -> dict[str, Any]:
     if "tune" not in data or "runs" in data or "method" in data:
         return data
     members = data["tune"].get("members")
-    if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
-        raise ConfigError(f"{source}: key 'tune.members' must be a non-empty list of member names")
-    return {**data, "runs": [{"name": m, "method": "single", "members": [m]} for m in members]}
+    if not isinstance(members, list) or not members or not all(isinstance(m, (str, dict)) for m in members):
+        raise ConfigError(f"{source}: key 'tune.members' must be a non-empty list of members (names or views)")
+    names = _member_names(members, "tune.", source)
+    return {**data, "runs": [{"name": m, "method": "single", "members": [m]} for m in names]}
+
+
+def _member_names(entries: list, where: str, source: str) -> list[str]:
+    """Each member entry as its member spec string: a name, or a view of a model in its canonical
+    form `name[k=v,...]` (`runtime.views`; a mapping's `view:` or the bracket spelling)."""
+    names = []
+    for i, m in enumerate(entries):
+        try:
+            if isinstance(m, dict):
+                names.append(member_spec(m["name"], parse_view(m.get("view"), "view.")) if m.get("view") is not None
+                             else normalise_member(m["name"]))
+            else:
+                names.append(normalise_member(m))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: key '{where}members[{i}]': {exc}") from None
+    return names
 
 
 def _placed_members(run: dict[str, Any], where: str, source: str) -> dict[str, Any]:
-    """`members: [{name: a, device: cuda:1}, b]` -> member names plus the devices as the method's
-    option (`device` for single, `devices` for ensembles; members without one stay on the CPU)."""
+    """`members: [{name: a, device: cuda:1, view: {...}}, b]` -> member specs (views in their
+    canonical string form) plus the devices as the method's option (`device` for single, `devices`
+    for ensembles; members without one stay on the CPU)."""
     entries = run["members"]
-    if not any(isinstance(m, dict) for m in entries):
-        return {}
-    names = [m["name"] if isinstance(m, dict) else m for m in entries]
+    names = _member_names(entries, where, source)
+    if not any(isinstance(m, dict) and m.get("device") for m in entries):
+        return {"members": names}
     devices = [(m.get("device") if isinstance(m, dict) else None) or "cpu" for m in entries]
     key = "device" if run["method"] == "single" else "devices"
     options = dict(run.get("options") or {})
@@ -256,8 +284,16 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         data_dir=data_dir or data.get("data_dir"),
         seed=seed if seed is not None else data.get("seed", 0),
         batch_size=batch_size if batch_size is not None else data.get("batch_size", 1),
-        bootstrap=data.get("bootstrap", 1000),
+        bootstrap=data.get("bootstrap", 1000), dtype=data.get("dtype"),
     )
+    if cfg.dtype is not None:
+        from runtime.member import resolve_dtype
+
+        try:
+            resolve_dtype("float32" if cfg.dtype == "auto" else cfg.dtype)  # (auto is measured when a model loads)
+        except (ConfigError, ValueError, KeyError) as exc:
+            raise ConfigError(f"{source}: key 'dtype': {exc}") from None
+        cfg.runs = [RunSpec(r.name, r.method, r.members, cfg.run_options(r), r.tasks) for r in cfg.runs]
     _positive(cfg.batch_size, "batch_size", source)
     _positive(cfg.bootstrap, "bootstrap", source)
     _positive(limit, "--limit", source)

@@ -6,10 +6,13 @@ as an lm-eval `LM`. Importing this module registers the name (lm-eval is an opti
     --model_args members=smollm2-135m                                   # one member, plain decoding
     --model_args members=qwen2.5-coder-0.5b,drafter=lookup              # one speculative member
     --model_args members=smollm2-135m+gemma3-270m+qwen2.5-coder-0.5b,method=adafuse,lead=2,drafters=lookup+none+lookup
+    --model_args members=qwen2.5-coder-1.5b+qwen2.5-coder-1.5b[chat=false]+qwen2.5-coder-1.5b[system=Be brief.],method=view-vote
     # also: weights=1+1+2, dtype=bfloat16, seed=0, max_length=N, and any method option (threshold=0.7, ...)
 
 `+` separates list items (lm-eval's `,` separates arguments); members and drafters are what
-`adafuse.Ensemble` takes (registry names, local folders, hub ids; "none" for no drafter).
+`adafuse.Ensemble` takes (registry names, local folders, hub ids, views `name[k=v;k=v]` with `;`
+between a view's keys; "none" for no drafter). lm-eval writes the few-shot prompt itself, so views
+here differ in chat template, system prompt or LoRA adapter, not in exemplars.
 
 - `generate_until`: requests grouped by their generation kwargs, in request order, `batch_size` at a
   time, through the same generator our harness uses (`eval.methods.build_generator`); `until` stop
@@ -42,6 +45,7 @@ from tqdm import tqdm
 from runtime.errors import ConfigError
 from runtime.loader import load
 from runtime.prompts import ChatPrompt
+from runtime.views import split_member_spec
 from eval.lm_eval_scoring import MemberScorer, mixture_loglikelihood
 from eval.methods import build_generator
 
@@ -82,6 +86,11 @@ class LMArgs:
         if not names:
             raise ConfigError("--model adafuse needs members=NAME[+NAME...] in --model_args "
                               "(e.g. members=smollm2-135m or members=smollm2-135m+gemma3-270m,method=adafuse)")
+        for name in names:  # views: lm-eval builds the few-shot prompt itself, so a view cannot pick exemplars
+            view = split_member_spec(name)[1]
+            if view is not None and view.shots is not None:
+                raise ConfigError(f"member {name}: lm-eval builds the few-shot prompt, so a view cannot choose its "
+                                  f"exemplars (shots); use views of chat/system/adapter here, `adafuse eval` for shots")
         method = method or ("single" if len(names) == 1 else "adafuse")
         if device not in (None, "cpu"):
             log.info("--device %s: ignored, adafuse members run where runtime.loader places them (the CPU)", device)

@@ -25,6 +25,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.models.utils import DEFAULT_MAX_LENGTH, Collator, has_bos_prefix, resolve_max_length
 
+from runtime.lora_views import adapters_for
 from runtime.member import Member
 
 Pair = tuple[tuple[str, str] | None, list[int], list[int]]  # ((context, continuation) or None, ctx ids, cont ids)
@@ -102,7 +103,8 @@ class MemberScorer(TemplateLM):
         for b, ids in enumerate(inps):  # right padding, as HFLM's pad_and_concat(padding_side="right")
             batch[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         model = self.member.model
-        logprobs = F.log_softmax(model(batch.to(self.member.device)).logits, dim=-1)
+        with adapters_for([(0, len(inps), getattr(self.member, "adapter", None))]):  # a view's LoRA adapter
+            logprobs = F.log_softmax(model(batch.to(self.member.device)).logits, dim=-1)
         self.member.counters.count(batch.numel())
         res = []
         for (_, _, cont), ids, lp in zip(chunk, inps, logprobs):

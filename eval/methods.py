@@ -33,7 +33,7 @@ class Generator(Protocol):
                  seed: int | None = None) -> list[GenerationOutput]: ...
 
 
-ENSEMBLE_METHODS = ("adafuse", "token-union", "word-fixed", "sample-rerank")
+ENSEMBLE_METHODS = ("adafuse", "token-union", "word-fixed", "sample-rerank", "self-consistency", "view-vote")
 METHODS: dict[str, Callable[..., Generator]] = {}
 _GENERATOR_CACHE: dict[tuple, Generator] = {}
 

@@ -23,6 +23,7 @@ from runtime.errors import ConfigError
 from runtime.files import append_line, write_json_atomic, write_text_atomic
 from runtime.heap import HeapTrimmer
 from runtime.outputs import GenerationOutput
+from runtime.views import exemplars_needed
 from eval.config import EvalConfig, RunSpec, TaskSpec
 from eval.data import Doc, resolve_data_dir
 from eval.folder_lock import hold, hold_all
@@ -138,7 +139,7 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
     share the folder); metrics are written (and returned) once every example is in, else None.
     The folder is locked meanwhile (`eval.folder_lock`): a second process on it is refused."""
     task = spec.task
-    all_docs, shots = task.load(data_dir)
+    all_docs, shots = task.load(data_dir, pool=exemplars_needed(run.members))
     docs = all_docs[: spec.limit] if spec.limit is not None else all_docs
     with hold(folder, shard):
         _check_setup(folder, _setup(run, spec, seed))
@@ -176,6 +177,8 @@ def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], p
     task = spec.task
     # one O_APPEND write per record: records of processes sharing the file never interleave
     trimmer = HeapTrimmer()  # long runs: freed heap handed back to the OS about once a minute
+    # answer-level methods vote on the task's answers (e.g. GSM8K's final number)
+    answer = {"answer": task.extract} if getattr(generator, "takes_answer", False) else {}
     with open(pred_path, "ab", buffering=0) as f:
         for start in range(0, len(todo), batch_size):
             batch = todo[start: start + batch_size]
@@ -184,7 +187,7 @@ def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], p
             outputs = generate_in_parts(
                 prompts, seed + int(batch[0]["id"]), parts=batch_parts(generator, prompts, spec.max_new_tokens),
                 generate=lambda ps, s: generator.generate(ps, max_new_tokens=spec.max_new_tokens, stop=list(task.until),
-                                                          temperature=spec.temperature, seed=s))
+                                                          temperature=spec.temperature, seed=s, **answer))
             wall = time.perf_counter() - t0
             if len(outputs) != len(batch):
                 raise RuntimeError(f"{run.method} returned {len(outputs)} outputs for {len(batch)} prompts")

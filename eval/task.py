@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from runtime.errors import ConfigError
-from runtime.prompts import ChatPrompt, fewshot_messages
+from runtime.prompts import FewShotPrompt
 from eval import metrics as M
 from eval.data import DATASETS, SPLITS, Doc, check_range
 from eval.schema import Field, validate
@@ -81,24 +81,32 @@ class Task:
         """One-line `ConfigError` if the exemplars or the first `limit` test rows would reach the dev rows."""
         check_range(self.dataset, self.split, limit, self.num_fewshot, self.fewshot_reserved)
 
-    def load(self, data_dir: Path) -> tuple[list[Doc], list[Doc]]:
-        """(the `split`'s docs, the `num_fewshot` exemplar docs); exemplars never come from the
-        evaluated rows, test rows never from the dev rows."""
-        docs, pool = DATASETS[self.dataset](data_dir, self.num_fewshot, self.fewshot_reserved, split=self.split,
-                                            **self.dataset_kwargs)
-        if self.num_fewshot > len(pool):
-            raise ConfigError(f"task {self.name}: num_fewshot={self.num_fewshot} but only {len(pool)} exemplars are reserved "
-                              f"(raise fewshot_reserved in the task file)")
-        return docs, pool[: self.num_fewshot]
+    def load(self, data_dir: Path, pool: int = 0) -> tuple[list[Doc], list[Doc]]:
+        """(the `split`'s docs, the exemplar docs: the `num_fewshot` a prompt shows, or the first `pool`
+        of the reserved exemplars where views choose among more); exemplars never come from the
+        evaluated rows, test rows never from the dev rows. GSM8K's exemplars are train rows, so its
+        pool grows as asked; the other tasks' pool is their `fewshot_reserved` rows."""
+        need = max(self.num_fewshot, pool)
+        reserved = self.fewshot_reserved
+        if self.dataset == "gsm8k" and need > (reserved or 0):
+            reserved = need
+        docs, found = DATASETS[self.dataset](data_dir, need if self.dataset == "gsm8k" else self.num_fewshot, reserved,
+                                             split=self.split, **self.dataset_kwargs)
+        if need > len(found):
+            what = f"num_fewshot={self.num_fewshot}" if need == self.num_fewshot else f"views choosing among {need}"
+            raise ConfigError(f"task {self.name}: {what} exemplars but only {len(found)} are reserved (rows "
+                              f"0..{len(found) - 1}; the evaluated rows start after them): choose exemplars in that "
+                              f"range, or raise fewshot_reserved in the task file")
+        return docs, found[:need]
 
     def prompt(self, doc: Doc, shots: list[Doc]) -> str:
-        """description + k solved exemplars + the doc's question, lm-eval style; also as chat turns."""
+        """description + the first `num_fewshot` solved exemplars of `shots` + the doc's question,
+        lm-eval style; also as chat turns. The prompt keeps every exemplar of `shots` as its pool
+        (`runtime.prompts.FewShotPrompt`), so a view can show others."""
         pairs = [(self.doc_to_text.format(**s), self.doc_to_target.format(**s)) for s in shots]
-        question = self.doc_to_text.format(**doc)
-        parts = [q + self.target_delimiter + a for q, a in pairs] + [question]
-        raw = self.description + self.fewshot_delimiter.join(parts)
         # chat members see the exemplars as user/assistant turns (lm-eval's fewshot_as_multiturn)
-        return ChatPrompt(raw, fewshot_messages(pairs, question, self.description.strip() or None))
+        return FewShotPrompt(self.doc_to_text.format(**doc), pairs, range(min(self.num_fewshot, len(pairs))),
+                             self.description, self.target_delimiter, self.fewshot_delimiter)
 
     def extract(self, output: str) -> str:
         return M.FILTERS[self.filter](output)

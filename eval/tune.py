@@ -52,7 +52,10 @@ def ensemble(method: str, members: Iterable[str], options: dict[str, Any], label
     settings always find the same folder and different ones never share it."""
     members = list(members)
     digest = hashlib.sha1(json.dumps([method, members, options], sort_keys=True).encode()).hexdigest()[:8]
-    return Candidate(f"{method}-{'+'.join(members)}-{digest}", method, members, dict(options), label, prior)
+    joined = "+".join(members)
+    if len(joined) > 120:  # views spell long names; the digest keeps the folder unique
+        joined = joined[:120]
+    return Candidate(f"{method}-{joined}-{digest}", method, members, dict(options), label, prior)
 
 
 def dev_weights(scores: list[float], floor: float = 0.1) -> list[float] | None:
@@ -78,16 +81,28 @@ def build_candidates(spec: TuneSpec, prior: dict[str, float],
     kept = [m for m in spec.members if prior[m] >= spec.prune_ratio * best]
     sizes = spec.subset_sizes or range(2, len(kept) + 1)
     found: dict[str, Candidate] = {}
+    ensembles = [mg for mg in spec.methods if not _one_member(mg.method)]
     for size in sizes:
         for subset in itertools.combinations(kept, size):
-            for mg in spec.methods:
+            for mg in ensembles:
                 for cand in _subset_candidates(mg, list(subset), prior, rank or {}, spec):
                     found.setdefault(cand.name, cand)
+    for mg in (mg for mg in spec.methods if _one_member(mg.method)):  # self-consistency: each member alone
+        for m in kept:
+            for cand in _subset_candidates(mg, [m], prior, rank or {}, spec):
+                found.setdefault(cand.name, cand)
     cands = list(found.values())
     if spec.max_candidates is not None and len(cands) > spec.max_candidates:
         top = {c.name for c in sorted(cands, key=lambda c: -c.prior)[: spec.max_candidates]}
         cands = [c for c in cands if c.name in top]
     return cands, kept
+
+
+def _one_member(method: str) -> bool:
+    """Whether `method` runs on one member (self-consistency), not on an ensemble."""
+    from adafuse.methods import METHODS as ADAFUSE_METHODS
+
+    return method in ADAFUSE_METHODS and method != "single" and ADAFUSE_METHODS[method].min_members == 1
 
 
 def _subset_candidates(mg: MethodGrid, subset: list[str], prior: dict[str, float], rank: dict[str, tuple],
@@ -200,6 +215,7 @@ class Tuner:
         """`cand` on the first `rows` dev rows, through the runner (resumes, computes only new rows)."""
         t0 = time.perf_counter()
         run = cand.run()
+        run.options = self.cfg.eval.run_options(run)  # the config's dtype, where the candidate sets none
         metrics = run_task(run, replace(dev, limit=rows), self.out / "candidates" / cand.name / dev.name, self.data_dir,
                            get_generator=lambda: eval_methods.build_generator(run.method, run.members, **run.options),
                            seed=self.cfg.eval.seed, batch_size=self.cfg.eval.batch_size, bootstrap=self.cfg.eval.bootstrap,

@@ -36,7 +36,8 @@ from typing import Any
 
 from runtime.errors import ConfigError
 from eval import methods as eval_methods
-from eval.config import EvalConfig, _check_method, parse_config, read_yaml
+from eval.config import EvalConfig, _check_method, _member_names, parse_config, read_yaml
+from runtime.views import model_of
 from eval.schema import Field, validate
 
 LEADS = ("best", "all")
@@ -47,7 +48,7 @@ ENSEMBLE_KWARGS = ("dtype", "chat")      # `adafuse.Ensemble` arguments that are
 METHOD_ENTRY = {"method": Field((str,), required=True), "options": Field((dict,)), "grid": Field((dict,)),
                 "lead": Field((str,), choices=LEADS), "weights": Field((list,), item=Field((str,), choices=WEIGHTS))}
 TUNE_SCHEMA: dict[str, Field] = {
-    "members": Field((list,), required=True, item=Field((str,))),
+    "members": Field((list,), required=True, item=Field((str, dict))),
     "dev_rows": Field((int,), required=True),
     "min_rows": Field((int,)),
     "eta": Field((int,)),
@@ -158,10 +159,10 @@ def parse_tune(data: Any, source: str, *, dev_rows: int | None = None, **overrid
     if "runs" in data or "method" in data:
         raise _fail(source, "a tune config has no 'runs'/'method': tune builds them from 'tune.members' and 'tune.methods'")
     raw = validate(data["tune"], TUNE_SCHEMA, source, "tune.")
-    members = list(raw["members"])
+    members = with_default_views(_member_names(list(raw["members"]), "tune.", source))
     if len(members) < 2 or len(set(members)) != len(members):
         raise _fail(source, f"key 'tune.members' must list at least 2 distinct members, got {members}")
-    cfg = parse_config(data, source, **overrides)
+    cfg = parse_config({**data, "tune": {**data["tune"], "members": members}}, source, **overrides)
     if any(t.task.split != "test" for t in cfg.tasks):
         raise _fail(source, "tasks: drop 'split' in a tune config; tune scores on dev rows and writes a config for test rows")
     rows = dev_rows if dev_rows is not None else raw["dev_rows"]
@@ -176,6 +177,18 @@ def parse_tune(data: Any, source: str, *, dev_rows: int | None = None, **overrid
     _check_numbers(spec, raw, source)
     _check_metric(spec, cfg, source)
     return TuneConfig(source=source, eval=cfg, tune=spec)
+
+
+def with_default_views(members: list[str]) -> list[str]:
+    """`members`, with each model's default prompt added (first, before its views) where only views
+    of it are listed: the default prompt is always among the candidates."""
+    out: list[str] = []
+    for m in members:
+        base = model_of(m)
+        if base != m and base not in members and base not in out:
+            out.append(base)
+        out.append(m)
+    return out
 
 
 def _check_numbers(spec: TuneSpec, raw: dict[str, Any], source: str) -> None:

@@ -59,7 +59,7 @@ def tuned_config(cfg: TuneConfig, result: TaskResult) -> dict[str, Any]:
     return {"description": f"tuned on dev by `adafuse tune {cfg.source}`: {summary(cfg, result)}"[:1000],
             "output_path": str(Path(ev.output_path) / "test"), **({"data_dir": ev.data_dir} if ev.data_dir else {}),
             "seed": ev.seed, "batch_size": ev.batch_size, "bootstrap": ev.bootstrap,
-            "tasks": [result.task.to_dict()], "runs": runs}
+            **({"dtype": ev.dtype} if ev.dtype else {}), "tasks": [result.task.to_dict()], "runs": runs}
 
 
 def _outcome(s: Scored, result: TaskResult, ratio: float) -> str:

@@ -31,6 +31,7 @@ import torch
 
 from runtime.errors import ConfigError, UnknownModelError
 from runtime.member import Member, resolve_dtype
+from runtime.views import make_view, member_spec, model_of, split_member_spec
 
 _KINDS = "a registry name (see: adafuse models list), a local save_pretrained folder, a hub id, a (model, tokenizer) pair or a Member"
 
@@ -44,6 +45,7 @@ class MemberLoader:
         self.dtype = resolve_dtype(dtype)
         self.device = _device(device)
         self._members: dict[CacheKey, Member] = {}
+        self._views: dict[tuple, Member] = {}  # (("view", id(base), recipe)) -> the view member
 
     def __repr__(self) -> str:
         return f"MemberLoader(dtype={self.dtype}, device={self.device!r}, cached={len(self._members)})"
@@ -57,6 +59,15 @@ class MemberLoader:
         plain `nn.Linear` weights (what int8 quantisation starts from), cached apart."""
         if isinstance(spec, Member):
             return spec
+        if isinstance(spec, (str, dict)):
+            name, view = split_member_spec(spec)  # "name[shots=2:4,...]" / {name, view}: a view of name
+            if view is not None:
+                base = self.member(name, dtype, device, pack_weights)
+                key = ("view", id(base), member_spec("", view))
+                if key not in self._views:
+                    self._views[key] = make_view(base, view)
+                return self._views[key]
+            spec = name
         if isinstance(spec, (tuple, list)) and len(spec) == 2 and not any(isinstance(x, (str, os.PathLike)) for x in spec):
             return Member(*_check_pair(spec[0], spec[1]))
         if isinstance(spec, os.PathLike):
@@ -85,6 +96,7 @@ class MemberLoader:
         where = self.device if device is None else _device(device)
         todo: dict[CacheKey, str] = {}
         for spec, packed in specs:
+            spec = model_of(spec) if isinstance(spec, (str, dict)) else spec  # views load their model once
             if isinstance(spec, os.PathLike):
                 spec = os.fspath(spec)
             if not isinstance(spec, str) or not spec.strip():
@@ -106,6 +118,7 @@ class MemberLoader:
     def clear(self) -> None:
         """Forget every cached member (their models are freed once nobody else holds them)."""
         self._members.clear()
+        self._views.clear()
 
 
 _default: MemberLoader | None = None
@@ -132,6 +145,7 @@ def check_spec(spec: str) -> None:
     ("org/name"). Raises a one-line `ConfigError` with the closest registry name."""
     from runtime import registry
 
+    spec = model_of(spec)  # a view's recipe is checked by split_member_spec (one-line errors)
     if spec in registry.REGISTRY or Path(spec).expanduser().is_dir():
         return
     if "/" in spec and not spec.startswith((".", "/", "~")):

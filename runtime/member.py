@@ -21,9 +21,11 @@ from typing import Sequence
 import torch
 
 from runtime.errors import ConfigError
+from runtime.forward_group import solo
 from runtime.kv_state import KVState
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
 from runtime.prefix_cache import ChunkKV, PrefixCache, chunk_of
+from runtime.prompts import view_prompt
 from runtime.sampling import SamplingParams, sample
 from runtime.stopping import StopStrings
 
@@ -61,6 +63,9 @@ class Member:
         self.tokenizer = tokenizer
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.system_prompt = system_prompt
+        self.view = None  # a `runtime.views.ViewSpec` on a view of a model (`runtime.views.make_view`)
+        self.adapter = None  # a view's LoRA adapter (`runtime.lora_views.LoraWeights`), run on the shared weights
+        self.model_name = self.name  # what costs are counted under (views: their model's name)
         has_template = bool(getattr(tokenizer, "chat_template", None))
         self.use_chat_template = has_template if use_chat_template is None else (use_chat_template and has_template)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -109,11 +114,13 @@ class Member:
         """The prompt as this member sees it: its chat template around `text` (when it has one and
         `chat` is not False), else `text` unchanged. A `ChatPrompt` gives its exemplars as turns."""
         use_chat = self.use_chat_template if chat is None else (chat and self.use_chat_template)
+        text = view_prompt(text, self.view, use_chat)
         if not use_chat:
             return str(text)
         turns = getattr(text, "messages", None)  # runtime.prompts.ChatPrompt: exemplars as turns
-        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
-        messages += turns if turns else [{"role": "user", "content": str(text)}]
+        messages = list(turns) if turns else [{"role": "user", "content": str(text)}]
+        if self.system_prompt and messages[0]["role"] != "system":  # (a prompt's own system turn wins)
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -156,25 +163,27 @@ class Member:
     @torch.no_grad()
     def prefix_chunks(self, ids: Sequence[int], n_chunks: int) -> list[ChunkKV]:
         """The KV of the first `n_chunks` chunks of `ids`, from the cache or computed (one batch-1
-        forward per missing chunk, after the chunks before it)."""
+        forward per missing chunk, after the chunks before it; alone even inside
+        `runtime.forward_group.run_together`, so a chunk never depends on a batch)."""
         C = int(self.prefix_chunk)
         out: list[ChunkKV] = []
         work: KVState | None = None  # a batch-1 state holding chunks 0..c-1 once a chunk is missing
-        for c in range(n_chunks):
-            key = tuple(ids[: (c + 1) * C])
-            kv = self.prefix_cache.get(key)
-            chunk = list(ids[c * C: (c + 1) * C])
-            if kv is None:
-                if work is None:
-                    work = KVState(self, batch_size=1)
-                    if out:
-                        work.load_prefix([list(ids[: c * C])], [out])
-                first = work.extend_without_logits([chunk])
-                kv = chunk_of(work.cache, first, C)
-                self.prefix_cache.put(key, kv)
-            elif work is not None:
-                work.load_prefix([chunk], [[kv]])
-            out.append(kv)
+        with solo():
+            for c in range(n_chunks):
+                key = tuple(ids[: (c + 1) * C])
+                kv = self.prefix_cache.get(key)
+                chunk = list(ids[c * C: (c + 1) * C])
+                if kv is None:
+                    if work is None:
+                        work = KVState(self, batch_size=1)
+                        if out:
+                            work.load_prefix([list(ids[: c * C])], [out])
+                    first = work.extend_without_logits([chunk])
+                    kv = chunk_of(work.cache, first, C)
+                    self.prefix_cache.put(key, kv)
+                elif work is not None:
+                    work.load_prefix([chunk], [[kv]])
+                out.append(kv)
         return out
 
     def cost_since(self, snapshot: tuple[int, int], wall_time_s: float = 0.0) -> Cost:
@@ -186,11 +195,13 @@ class Member:
     @torch.no_grad()
     def decode_plain(self, state: "KVState", max_new_tokens: int, stop: Sequence[str] | StopStrings = (),
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                     generators: list[torch.Generator] | None = None
+                     generators: list[torch.Generator] | None = None, logprobs: list[float] | None = None
                      ) -> tuple[list[str], list[str], list[list[int]]]:
         """Plain decoding of every row of an existing `state` until each row finishes (EOS, a stop
         string, `max_new_tokens`): (texts, finish reasons, new token ids). Row r samples from
-        `generators[r]` when given. The state holds every new token but each row's last."""
+        `generators[r]` when given. The state holds every new token but each row's last.
+        `logprobs` (one float per row) accumulates each row's new tokens' log-probabilities under
+        the model's own (untempered) distribution."""
         stops = stop if isinstance(stop, StopStrings) else StopStrings(stop)
         rows = state.batch_size
         new_ids: list[list[int]] = [[] for _ in range(rows)]
@@ -199,6 +210,12 @@ class Member:
         while any(f is None for f in finish):
             probs = state.next_probs(temperature, top_k, top_p)
             tokens = probs.argmax(-1) if temperature == 0 else sample(probs, generators)
+            if logprobs is not None:
+                lp = torch.log_softmax(state.last_logits.float(), dim=-1).gather(1, tokens[:, None].to(
+                    state.last_logits.device))[:, 0].tolist()
+                for b in range(rows):
+                    if finish[b] is None:
+                        logprobs[b] += lp[b]
             feed: list[list[int]] = []
             for b, tok in enumerate(tokens.tolist()):
                 if finish[b] is not None:

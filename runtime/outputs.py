@@ -66,13 +66,13 @@ class GenerationOutput:
 
 class CostMeter:
     """Counts what a generation costs: snapshots the counters of the models it runs (members and
-    their drafters' models, each once) when created; `cost()` is what they did since, with the wall
+    their drafters' models, each once; views of a model count as their model) when created; `cost()` is what they did since, with the wall
     time. Every generation path measures through this."""
 
     def __init__(self, models: Sequence[Any]):
         self.models: list[Any] = []
-        for m in models:
-            if m is not None and all(m is not x for x in self.models):
+        for m in models:  # views of one model share its counters: counted once, under the model's name
+            if m is not None and all(m.counters is not x.counters for x in self.models):
                 self.models.append(m)
         self._snaps = [m.counters.snapshot() for m in self.models]
         self._t0 = time.perf_counter()
@@ -83,7 +83,8 @@ class CostMeter:
     def cost(self) -> Cost:
         total = Cost(wall_time_s=self.elapsed())
         for m, snap in zip(self.models, self._snaps):
-            total.add(m.name, m.counters.forward_passes - snap[0], m.counters.tokens_processed - snap[1])
+            total.add(getattr(m, "model_name", m.name), m.counters.forward_passes - snap[0],
+                      m.counters.tokens_processed - snap[1])
         return total
 
 

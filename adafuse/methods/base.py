@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from runtime.errors import ConfigError
 from runtime.sampling import SamplingParams
@@ -28,11 +28,12 @@ class GenerationRequest:
     stop: StopStrings = field(default_factory=StopStrings)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     chat: bool | None = None
+    answer: Callable[[str], str] | None = None  # an output's answer (the task's filter), for answer-level methods
 
     @classmethod
     def make(cls, prompts: Sequence[str] | str, max_new_tokens: int = 128, stop: Sequence[str] | None = None,
              temperature: float = 0.0, seed: int | None = None, top_k: int = 0, top_p: float = 1.0,
-             chat: bool | None = None) -> "GenerationRequest":
+             chat: bool | None = None, answer: Callable[[str], str] | None = None) -> "GenerationRequest":
         """Validated request; bad values raise a one-line `ConfigError`."""
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -45,7 +46,9 @@ class GenerationRequest:
             sampling = SamplingParams(float(temperature), top_k, top_p, seed)
         except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
-        return cls(list(prompts), max_new_tokens, StopStrings(stop), sampling, chat)
+        if answer is not None and not callable(answer):
+            raise ConfigError(f"answer={answer!r} is invalid: a function from an output text to its answer")
+        return cls(list(prompts), max_new_tokens, StopStrings(stop), sampling, chat, answer)
 
     @property
     def temperature(self) -> float:
@@ -113,12 +116,13 @@ def check_members(method: str, num_members: int, lead: int, weights: Sequence[fl
 def run_method(method: Method, members: Sequence[Any], prompts: Sequence[str] | str, *, max_new_tokens: int,
                stop: Sequence[str] | None = None, temperature: float = 0.0, seed: int | None = None,
                weights: Sequence[float] | None = None, lead: int = 0, chat: bool | None = None,
-               speculators: Sequence[Any | None] | None = None, **options: Any) -> list:
+               speculators: Sequence[Any | None] | None = None, answer: Callable[[str], str] | None = None,
+               **options: Any) -> list:
     """Validate a call (members, lead, weights, request, options; one-line `ConfigError`s) and run
     `method` on it: the functional entry every method module exposes as its `generate`."""
     weights = check_members(method.name, len(members), lead, weights)
     parsed = method.parse_options(options)
-    request = GenerationRequest.make(prompts, max_new_tokens, stop, temperature, seed, chat=chat)
+    request = GenerationRequest.make(prompts, max_new_tokens, stop, temperature, seed, chat=chat, answer=answer)
     if not request.prompts:
         raise ConfigError(f"method '{method.name}' needs at least one prompt")
     speculators = list(speculators) if speculators else [None] * len(members)

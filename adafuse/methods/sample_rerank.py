@@ -27,6 +27,7 @@ import torch
 from adafuse.methods.base import GenerationRequest, Method, run_method
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 from runtime.errors import ConfigError
+from runtime.forward_group import run_members
 from runtime.member import END_OF_TURN_TOKENS, Member
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
 
@@ -105,10 +106,11 @@ def write_answers(members: Sequence[Member], request: GenerationRequest, n: int,
     temperature, seed = request.temperature, request.seed
     answers: list[list[RerankAnswer]] = [[] for _ in range(B)]
     index: list[dict[tuple[str, bool, str], int]] = [{} for _ in range(B)]
-    states = {}
-    for m in [lead] + [m for m in range(M) if m != lead]:
+    rows = [(b, j) for b in range(B) for j in range(n)]
+
+    def write(m: int):
+        """Member m's answers: (texts, finish reasons, new ids, stop strings hit, its state)."""
         member = members[m]
-        rows = [(b, j) for b in range(B) for j in range(n)]
         prompt_ids = [member.encode_prompt(p, request.chat) for p in request.prompts]
         state = member.start([prompt_ids[b] for b, _ in rows], room=request.max_new_tokens)
         gens = None
@@ -120,7 +122,14 @@ def write_answers(members: Sequence[Member], request: GenerationRequest, n: int,
         ends = [matched_stop(member, ids, text, request.stop.stops) if f == "stop" else ""
                 for ids, text, f in zip(new_ids, texts, finish)]
         state.rollback([len(prompt_ids[b]) for b, _ in rows])
-        states[m] = state
+        return texts, finish, new_ids, ends, state
+
+    order = [lead] + [m for m in range(M) if m != lead]
+    written = dict(zip(order, run_members(order, lambda m: members[m], write)))  # views of a model together
+    states = {}
+    for m in order:
+        member = members[m]
+        texts, finish, new_ids, ends, states[m] = written[m]
         for r, (b, j) in enumerate(rows):
             key = (texts[r], finish[r] == "eos", ends[r])
             if key not in index[b]:
@@ -138,7 +147,9 @@ def score_answers(members: Sequence[Member], states: dict[int, Any], answers: li
     Returns per row [M, C] normalised log-probs."""
     B, M = len(answers), len(members)
     scores = [torch.zeros(M, len(answers[b])) for b in range(B)]
-    for m, member in enumerate(members):
+
+    def score(m: int) -> list[list[torch.Tensor]]:
+        member = members[m]
         eos = end_token(member, chat)
         conts: list[list[list[int]]] = []
         for b in range(B):
@@ -150,7 +161,11 @@ def score_answers(members: Sequence[Member], states: dict[int, Any], answers: li
                 row.append(ids)
             conts.append(row)
             conts.extend([] for _ in range(n - 1))  # the other sample rows of prompt b score nothing
-        logprobs = states.pop(m).score(conts)
+        return states[m].score(conts)
+
+    per_member = run_members(list(range(M)), lambda m: members[m], score)  # views of a model together
+    states.clear()
+    for m, logprobs in enumerate(per_member):
         for b in range(B):
             for c, a in enumerate(answers[b]):
                 scores[b][m, c] = normalised_score(logprobs[b * n][c], a.text + a.stop, mode)

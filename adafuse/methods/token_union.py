@@ -43,6 +43,7 @@ import torch
 
 from adafuse.methods.base import GenerationRequest, Method, run_method
 from runtime.errors import ConfigError
+from runtime.forward_group import run_members
 from runtime.member import Member
 from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
 from runtime.sampling import on_generator
@@ -274,7 +275,7 @@ class _UnionRun:
         self.temperature = request.temperature
         B = len(request.prompts)
         self.gens = request.sampling.generators(B, "cpu")
-        self.mts = [MemberText(m, request.prompts, request.chat) for m in members]
+        self.mts = run_members(list(members), lambda m: m, lambda m: MemberText(m, request.prompts, request.chat))
         self.vocabs = [vocab_of(m) for m in members]
         self.texts = ["" for _ in range(B)]
         self.steps: list[list[UnionStep]] = [[] for _ in range(B)]
@@ -305,8 +306,9 @@ class _UnionRun:
                 else:
                     self._union_step(b, probs)
             if any(self.pieces) or any(t is not None for row in self.own for t in row):
-                for m, mt in enumerate(self.mts):
-                    _commit(mt, self.pieces, self.own[m])
+                # one forward per model: views of one model extend together (`runtime.forward_group`)
+                run_members(list(range(M)), lambda m: self.members[m],
+                            lambda m: _commit(self.mts[m], self.pieces, self.own[m]))
 
     def commit(self, b: int, piece: str, lead_tok: int | None, n_lead: int) -> None:
         """Commit `piece` on row b (the lead's own last token `lead_tok`, if any) or finish."""

@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from adafuse.methods.word_level.records import EOS_KEY, Round
+from runtime.forward_group import run_members
 from runtime.member import Member, make_generators
 from runtime.stopping import StopStrings
 from runtime.text_state import MemberText
@@ -35,7 +36,8 @@ class Batch:
         self.lead = lead
         self.max_new_tokens = max_new_tokens
         self.stop = stop
-        self.views = [MemberText(m, prompts, chat=chat) for m in members]
+        # views of one model prefill together (`runtime.forward_group`)
+        self.views = run_members(list(members), lambda m: m, lambda m: MemberText(m, prompts, chat=chat))
         n = len(prompts)
         self.texts = ["" for _ in range(n)]
         self.units: list[list[str]] = [[] for _ in range(n)]

@@ -32,6 +32,7 @@ from adafuse.methods.word_level.trees import (Branches, OpenTree, TreeBuilder, c
 from adafuse.gate import top2_margin
 from adafuse.scoring import choose, fuse_scores, normalised_score
 from runtime.devices import device_key, run_by_device
+from runtime.forward_group import model_groups, run_members, run_together, same_model
 from runtime.member import Member
 
 
@@ -97,9 +98,10 @@ class EnsembledWord:
             lead_branches: dict[int, Branches] | None = None) -> None:
         """Ensemble one word for `rows` (`gates`: row -> (gate margin, decision) for the trace);
         `lead_branches`: the lead's candidate branches already advanced (`LeadDecoder.take_branches`)."""
-        # (members that flush with guesses do so in `propose`); members on different devices at once
-        run_by_device([m for m in range(len(self.members)) if not self._guesses_with_flush(m)], self._device,
-                      lambda m: self.batch.flush(m, rows))
+        # (members that flush with guesses do so in `propose`); members on different devices at once,
+        # views of one model in one forward
+        run_members([m for m in range(len(self.members)) if not self._guesses_with_flush(m)], self._member,
+                    lambda m: self.batch.flush(m, rows))
         proposal = self.propose(rows, lead_branches)
         scored = self.score(proposal)
         picks = self.fuse(scored)
@@ -120,16 +122,21 @@ class EnsembledWord:
         by_device: dict[str, list[int]] = {}
         for m in others:
             by_device.setdefault(self._device(m), []).append(m)
+        lead_views = any(same_model(self.members[m], self.members[self.lead]) for m in others)
+        if lead_views:  # views of the lead's model: the lead proposes with them, in the same forwards
+            by_device.setdefault(self._device(self.lead), []).append(self.lead)
         # members on one device propose one after another, each walking through the words proposed
-        # before it; device groups propose at once (each knowing only its own group's words: the same
-        # words, maybe more forwards); the lead last, knowing them all
+        # before it (views of one model at once, each knowing the words proposed before them); device
+        # groups propose at once (each knowing only its own group's words: the same words, maybe more
+        # forwards); the lead last, knowing them all, unless it proposed with its views
         chains = run_by_device(list(by_device.values()), lambda group: self._device(group[0]),
                                lambda group: self._propose_chain(group, rows, lead_branches))
         proposed: dict[int, _MemberProposal] = {m: p for chain in chains for m, p in chain.items()}
         known: dict[int, list[str]] = {b: [] for b in rows}
         for m in others:
             _add_known(known, proposed[m].words)
-        proposed.update(self._propose_chain([self.lead], rows, lead_branches, known))
+        if not lead_views:
+            proposed.update(self._propose_chain([self.lead], rows, lead_branches, known))
         words = {m: p.words for m, p in proposed.items()}
         open_trees = {m: p.tree for m, p in proposed.items()}
         margins = {m: p.margins for m, p in proposed.items() if p.margins is not None}
@@ -155,28 +162,37 @@ class EnsembledWord:
         greedily to the word boundary), each walking through the words `known` and proposed before it
         in the chain; only the lead keeps its completion tree open (for `score`: the lead proposes
         after every other member, so its tree already holds their candidates)."""
-        cfg = self.config
         known = {b: list((known or {}).get(b, [])) for b in rows}
         out: dict[int, _MemberProposal] = {}
-        for m in chain:
-            view = self.batch.views[m]
-            guessed = self._flush_guessing(m, rows, known) if self._guesses_with_flush(m) else None
-            firsts, eos = top_firsts(view, rows, cfg.candidates)
-            margins = top2_margin(view.state.next_probs(1.0)).tolist() if cfg.fusion == "confidence" else None
-            started: dict[int, Branches] = {}
-            top_eos: dict[int, bool] = {}
-            if m == self.lead:
-                top1 = view.state.next_probs(1.0).argmax(-1).tolist()
-                top_eos = {b: top1[b] in view.member.eos_token_ids for b in rows}
-                started = {b: lead_branches[b] for b in rows
-                           if b in lead_branches and lead_branches[b].firsts == firsts[b]}
-            words, tree = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
-                                         keep_tree=m == self.lead, started=started, tree=guessed,
-                                         drafter=self._candidate_drafter(m))
-            _add_known(known, words)
-            # EOS takes one of the B slots; only the lead's counts
-            out[m] = _MemberProposal(words, tree, margins, eos if m == self.lead else {}, top_eos)
+        for group in model_groups(chain, self._member):  # views of one model: together, in one forward each
+            snapshot = {b: list(w) for b, w in known.items()}
+            proposals = run_together(group, lambda m: self._propose_one(m, rows, lead_branches, snapshot))
+            for m, proposal in zip(group, proposals):
+                _add_known(known, proposal.words)
+                out[m] = proposal
         return out
+
+    def _propose_one(self, m: int, rows: list[int], lead_branches: dict[int, Branches],
+                     known: dict[int, list[str]]) -> "_MemberProposal":
+        """Member m's proposal: its top-B first tokens, each completed greedily to the word boundary,
+        walking through the `known` words (see `_propose_chain`)."""
+        cfg = self.config
+        view = self.batch.views[m]
+        guessed = self._flush_guessing(m, rows, known) if self._guesses_with_flush(m) else None
+        firsts, eos = top_firsts(view, rows, cfg.candidates)
+        margins = top2_margin(view.state.next_probs(1.0)).tolist() if cfg.fusion == "confidence" else None
+        started: dict[int, Branches] = {}
+        top_eos: dict[int, bool] = {}
+        if m == self.lead:
+            top1 = view.state.next_probs(1.0).argmax(-1).tolist()
+            top_eos = {b: top1[b] in view.member.eos_token_ids for b in rows}
+            started = {b: lead_branches[b] for b in rows
+                       if b in lead_branches and lead_branches[b].firsts == firsts[b]}
+        words, tree = complete_words(view, rows, firsts, cfg.max_word_tokens, known,
+                                     keep_tree=m == self.lead, started=started, tree=guessed,
+                                     drafter=self._candidate_drafter(m))
+        # EOS takes one of the B slots; only the lead's counts
+        return _MemberProposal(words, tree, margins, eos if m == self.lead else {}, top_eos)
 
     def _guesses_with_flush(self, m: int) -> bool:
         """Whether member m receives its pending text with guesses (`_flush_guessing`, in `propose`)."""
@@ -239,10 +255,14 @@ class EnsembledWord:
         nodes). The lead's tree is always extended (its next gate needs the logits after the chosen
         word); it usually holds every candidate already. The tree stays open so that `commit` can
         keep the chosen branch without another forward (any other state operation discards it)."""
-        per_member = run_by_device(list(range(len(self.members))), self._device,
-                                   lambda m: self._score_member(m, proposal))
+        per_member = run_members(list(range(len(self.members))), self._member,
+                                 lambda m: self._score_member(m, proposal))
         logprobs, all_paths, trees = (list(x) for x in zip(*per_member))
         return Scored(proposal, logprobs, all_paths, trees)
+
+    def _member(self, m: int) -> Member:
+        """Member m (`runtime.forward_group.run_members` groups members by device and model)."""
+        return self.members[m]
 
     def _device(self, m: int) -> str:
         """Member m's device (`runtime.devices.run_by_device` runs members on different devices at once)."""

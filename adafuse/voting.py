@@ -1,0 +1,76 @@
+"""Answer-level selection among whole answers: pure functions, answers in, the chosen index out.
+
+- `majority_vote`: the most frequent extracted answer (self-consistency, Wang et al. 2022; Dipper's
+  view vote). Answers are compared after `normalise_answer` (case, white space, a final period);
+  answers that could not be extracted (None or empty) do not vote. Ties go to the answer with the
+  highest summed log-probability over its samples (when given), then to the one whose first sample
+  comes earliest; the chosen index is that answer's earliest sample. With no answer at all: 0.
+- `consensus_pick`: for free text, where answers are not discrete (MBR with chrF): the candidate
+  with the highest mean chrF against the others; ties go to the earliest.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Sequence
+
+VOTES = ("majority", "consensus")
+
+
+def normalise_answer(answer: str | None) -> str | None:
+    """The form answers are compared in: case-folded, white space folded, a final period dropped;
+    None for an answer that is missing or empty."""
+    if answer is None:
+        return None
+    text = re.sub(r"\s+", " ", answer).strip().casefold().rstrip(".").strip()
+    return text or None
+
+
+def majority_vote(answers: Sequence[str | None], logprobs: Sequence[float] | None = None) -> int:
+    """Index of the chosen sample (see the module docstring). `answers[i]`: sample i's extracted
+    answer (None: none); `logprobs[i]`: its summed log-probability (None: ties go to the earliest)."""
+    keys = [normalise_answer(a) for a in answers]
+    first: dict[str, int] = {}
+    count: dict[str, int] = {}
+    mass: dict[str, float] = {}
+    for i, k in enumerate(keys):
+        if k is None:
+            continue
+        first.setdefault(k, i)
+        count[k] = count.get(k, 0) + 1
+        mass[k] = mass.get(k, 0.0) + (float(logprobs[i]) if logprobs is not None else 0.0)
+    if not count:
+        return 0
+    best = max(count, key=lambda k: (count[k], mass[k] if logprobs is not None else 0.0, -first[k]))
+    return first[best]
+
+
+def chrf(hypothesis: str, reference: str) -> float:
+    """Sentence chrF (sacreBLEU's defaults), 0..100."""
+    from sacrebleu.metrics import CHRF
+
+    return float(_CHRF(CHRF).sentence_score(hypothesis, [reference]).score)
+
+
+def _CHRF(cls, _cache: dict = {}):  # noqa: B006 - one metric object per process
+    if "m" not in _cache:
+        _cache["m"] = cls()
+    return _cache["m"]
+
+
+def consensus_pick(candidates: Sequence[str], similarity: Callable[[str, str], float] = chrf) -> int:
+    """Index of the candidate with the highest mean `similarity(c_i, c_j)` over the others (MBR);
+    ties go to the earliest; 0 for fewer than two candidates."""
+    n = len(candidates)
+    if n < 2:
+        return 0
+    means = [sum(similarity(candidates[i], candidates[j]) for j in range(n) if j != i) / (n - 1) for i in range(n)]
+    return max(range(n), key=lambda i: (means[i], -i))
+
+
+def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float] | None = None) -> int:
+    """`majority_vote` or `consensus_pick` (over the answers, a missing one as "")."""
+    if vote == "majority":
+        return majority_vote(answers, logprobs)
+    if vote == "consensus":
+        return consensus_pick([a or "" for a in answers])
+    raise ValueError(f"unknown vote {vote!r}; use one of {', '.join(VOTES)}")

@@ -1,0 +1,102 @@
+"""Views in the eval harness: configs name them, the runner gives them their exemplar pool, answer-level
+methods vote on the task's answers, tune always scores the default prompt."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eval.config import parse_config
+from eval.methods import clear_caches
+from eval.runner import evaluate
+from eval.tune_config import parse_tune
+from runtime.errors import ConfigError
+from runtime.testing import bpe_tokenizer, tiny_member
+
+M = "tiny-qwen"
+
+
+@pytest.fixture
+def tiny_models(monkeypatch):
+    """Every model name loads as one tiny qwen2 model (counted), caches cleared around the test."""
+    loads: list[str] = []
+
+    def fake_load(spec, dtype, device, pack_weights=True):
+        loads.append(spec)
+        return tiny_member("qwen2", bpe_tokenizer(), seed=3, name=spec)
+
+    monkeypatch.setattr("runtime.loader._load", fake_load)
+    clear_caches()
+    yield loads
+    clear_caches()
+
+
+def config(data: Path, out: Path, runs: list[dict], **extra) -> dict:
+    return {"tasks": [{"name": "gsm8k", "num_fewshot": 2, "generation": {"max_new_tokens": 6}}], "limit": 3,
+            "batch_size": 2, "data_dir": str(data), "output_path": str(out), "runs": runs, **extra}
+
+
+def test_configs_spell_views_as_mappings_or_brackets(tmp_path):
+    cfg = parse_config(config(tmp_path, tmp_path / "o", [
+        {"name": "vote", "method": "view-vote",
+         "members": [M, {"name": M, "view": {"shots": "2:4"}}, f"{M}[chat=false, shots=seed1x2]"]}],
+        dtype="bfloat16"))
+    assert cfg.runs[0].members == [M, f"{M}[shots=2:4]", f"{M}[shots=seed1x2,chat=false]"]
+    assert cfg.runs[0].options == {"dtype": "bfloat16"}  # the config's dtype, where the run sets none
+
+
+@pytest.mark.parametrize("member, match", [
+    ({"name": M, "view": {"shotz": "0:2"}}, r"members\[1\].*did you mean 'shots'"),
+    ({"name": M, "view": {"shots": "3:1"}}, r"members\[1\].*shots='3:1' is invalid"),
+    (f"{M}[chat=maybe]", r"members\[1\].*chat='maybe' is invalid"),
+])
+def test_a_bad_view_is_one_line_naming_its_key(tmp_path, member, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        parse_config(config(tmp_path, tmp_path / "o", [{"method": "adafuse", "members": [M, member]}]))
+    assert "\n" not in str(err.value)
+
+
+def test_views_run_in_the_harness_with_their_pool_and_the_tasks_answers(tmp_path, data, tiny_models, one_thread):
+    runs = [{"name": "vote", "method": "view-vote", "members": [M, f"{M}[shots=2:4]", f"{M}[shots=4:6,chat=false]"]},
+            {"name": "sc", "method": "self-consistency", "members": [f"{M}[shots=2:4]"],
+             "options": {"samples": 3, "sampling_temperature": 1.0}}]
+    results = evaluate(parse_config(config(data, tmp_path / "out", runs)), progress=False, log=None)
+    assert [r["n"] for r in results] == [3, 3] and tiny_models == [M]  # one model load for every view
+    for name in ("vote", "sc"):
+        recs = [json.loads(line) for line in (tmp_path / "out" / name / "gsm8k" / "predictions.jsonl").open()]
+        for rec in recs:
+            assert rec["prompt"].count("Question:") == 3  # the default prompt is what the record shows
+            assert rec["gen_stats"]["samples"] == 3  # 3 samples, or 3 views
+        assert set(recs[0]["cost"]["forward_passes"]) == {M}
+
+
+def test_a_view_beyond_a_fixed_pool_is_refused_before_it_runs(tmp_path, data, tiny_models):
+    cfg = parse_config({**config(data, tmp_path / "o", [{"method": "single", "members": [f"{M}[shots=6:9]"]}]),
+                        "tasks": [{"name": "nq_open", "num_fewshot": 2}]})
+    with pytest.raises(ConfigError, match="views choosing among 9 exemplars but only 8 are reserved"):
+        evaluate(cfg, progress=False, log=None)
+
+
+def test_tune_always_scores_the_default_prompt(tmp_path):
+    data = config(tmp_path, tmp_path / "o", [])
+    del data["runs"]
+    data["tune"] = {"members": [f"{M}[shots=2:4]", {"name": M, "view": {"chat": False}}], "dev_rows": 4,
+                    "methods": [{"method": "view-vote"}, {"method": "self-consistency", "options": {"samples": 3}}]}
+    cfg = parse_tune(data, "t.yaml")
+    assert cfg.tune.members == [M, f"{M}[shots=2:4]", f"{M}[chat=false]"]
+    assert [r.members for r in cfg.eval.runs] == [[m] for m in cfg.tune.members]
+    from eval.tune import build_candidates
+
+    cands, _ = build_candidates(cfg.tune, {m: 0.5 for m in cfg.tune.members})
+    assert sorted(c.method for c in cands) == ["self-consistency"] * 3 + ["view-vote"] * 4
+    assert {tuple(c.members) for c in cands if c.method == "self-consistency"} == {(m,) for m in cfg.tune.members}
+
+
+def test_lm_eval_members_take_views_but_not_their_exemplars():
+    from eval.lm_eval_model import LMArgs
+
+    args = LMArgs.parse(members=f"{M}+{M}[chat=false;system=Be brief.]", method="view-vote")
+    assert args.members == [M, f"{M}[chat=false;system=Be brief.]"]
+    with pytest.raises(ConfigError, match="cannot choose its exemplars"):
+        LMArgs.parse(members=f"{M}+{M}[shots=0:2]")
