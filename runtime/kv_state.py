@@ -26,10 +26,11 @@ bookkeeping is `runtime.open_tree.OpenTree`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
+from runtime.counters import Counters, ModelRunner
 from runtime.errors import NonFiniteLogitsError
 from runtime.forward_group import current_group
 from runtime.hf_compat import cache_kwargs
@@ -42,14 +43,12 @@ from runtime.sampling import logits_to_probs
 from runtime.stacked_forward import StackedRequest, enable_segmented_attention, run_stacked
 from runtime.tree_mask import TreeInputs, tree_inputs
 
-if TYPE_CHECKING:
-    from runtime.member import Counters, Member
 
 
 class KVState:
     """Token ids + KV cache of a batch of rows of one member. See the module docstring."""
 
-    def __init__(self, member: Member, batch_size: int):
+    def __init__(self, member: ModelRunner, batch_size: int):
         from runtime.kv_cache import GrowableCache  # (imports transformers: only once a state is made)
 
         self.member = member
@@ -457,7 +456,7 @@ class KVState:
         self.slots = [list(range(len(s))) for s in self.slots]
 
 
-def _call_model(member: Member, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor, cache,
+def _call_model(member: ModelRunner, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor, cache,
                 logits_to_keep, valid: torch.Tensor, head: torch.Tensor, compact: bool) -> tuple[torch.Tensor, bool]:
     """`member.model(...)` on a cache inside `only_tokens(valid, head, compact)`: (logits, compacted)."""
     with only_tokens(valid, head, compact_head=compact) as run:

@@ -15,11 +15,11 @@ kind of member spec and caches loaded members.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from runtime.counters import Counters
 from runtime.errors import ConfigError
 from runtime.forward_group import solo
 from runtime.kv_state import KVState
@@ -33,22 +33,6 @@ __all__ = ["END_OF_TURN_TOKENS", "Counters", "Member", "check_finished", "load_m
            "resolve_dtype"]
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
-
-
-@dataclass
-class Counters:
-    """Running totals of model work for one member."""
-
-    forward_passes: int = 0
-    tokens_processed: int = 0
-
-    def count(self, tokens: int) -> None:
-        """One forward that fed `tokens` token positions."""
-        self.forward_passes += 1
-        self.tokens_processed += tokens
-
-    def snapshot(self) -> tuple[int, int]:
-        return self.forward_passes, self.tokens_processed
 
 
 class Member:

@@ -8,12 +8,48 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+FETCHED_BY_THE_README = ("smollm2-135m", "gemma3-270m")  # its test command fetches these before pytest
+
+
+def require_model(name: str) -> None:
+    """Fail (not skip) when a model the README's test command fetches is not in the cache, and when
+    the registry no longer sees a cached model as ready (a regression there must not skip tests)."""
+    from runtime import registry
+
+    folder = registry.model_dir(name)
+    cached = (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+    if not cached:
+        pytest.fail(f"{name} is not fetched: run `adafuse models fetch {name}` first (the README's test command does)")
+    assert registry.is_ready(name), f"{name} is in the cache ({folder}) but registry.is_ready says it is not"
+
+
+def model_or_skip(name: str) -> None:
+    """`require_model` for the models the README's test command fetches; another model (an optional,
+    larger one) skips the test when it is not in the cache, checked apart from the registry, and a
+    cached one must be ready."""
+    from runtime import registry
+
+    if name in FETCHED_BY_THE_README:
+        require_model(name)
+        return
+    folder = registry.model_dir(name)
+    if not (folder / "config.json").is_file():
+        pytest.skip(f"{name} is not fetched (optional here: adafuse models fetch {name})")
+    assert registry.is_ready(name), f"{name} is in the cache ({folder}) but registry.is_ready says it is not"
+
+
+def require_data():
+    """The benchmark data folder (`../shared/data`); fail, not skip, when it is missing."""
+    from eval.data import resolve_data_dir
+
+    return resolve_data_dir(None)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
-    from runtime import registry
     from runtime.member import load_member
 
-    registry.fetch("smollm2-135m")
+    require_model("smollm2-135m")
     return load_member("smollm2-135m", dtype="float32")
 
 

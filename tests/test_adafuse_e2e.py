@@ -11,10 +11,11 @@ PROMPTS = ["Question: Tom has 3 apples and buys 2 more. How many apples does he 
 
 @pytest.fixture(scope="module")
 def gemma():
-    from runtime import registry
     from runtime.member import load_member
 
-    registry.fetch("gemma3-270m")
+    from conftest import require_model
+
+    require_model("gemma3-270m")
     return load_member("gemma3-270m", dtype="float32")
 
 

@@ -1,5 +1,5 @@
 """The `single` method through the real member runtime: a tiny random model (fast) and, marked slow,
-the real smollm2-135m on 2 GSM8K problems (skipped unless the model is fetched)."""
+the real smollm2-135m on 2 GSM8K problems (the README's test command fetches it; missing, it fails)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import runtime.member
+from conftest import require_data, require_model
 from eval import methods
-from runtime import registry, testing
+from runtime import testing
 from eval.config import parse_config
 from eval.runner import evaluate
 from eval.testing import make_data
@@ -57,14 +58,8 @@ def test_single_with_tiny_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.slow
 def test_single_smollm2_on_two_gsm8k_problems(tmp_path: Path) -> None:
-    if not registry.is_ready("smollm2-135m"):
-        pytest.skip("smollm2-135m not fetched (adafuse models fetch smollm2-135m)")
-    from eval.data import resolve_data_dir
-
-    try:
-        data = resolve_data_dir(None)
-    except Exception:
-        pytest.skip("benchmark data not found")
+    require_model("smollm2-135m")
+    data = require_data()
     cfg = parse_config({"tasks": [{"name": "gsm8k", "num_fewshot": 2}], "limit": 2, "generation": {"max_new_tokens": 64},
                         "output_path": str(tmp_path / "out"), "data_dir": str(data), "bootstrap": 100,
                         "runs": [{"name": "smollm2", "method": "single", "members": ["smollm2-135m"]}]}, "x.yaml")

@@ -122,10 +122,7 @@ def test_dev_rows_are_disjoint_from_evaluated_rows(data: Path, task: str) -> Non
 
 
 def test_real_data_dev_rows_disjoint() -> None:
-    try:
-        root = resolve_data_dir(None)
-    except ConfigError:
-        pytest.skip("no shared data folder")
+    root = resolve_data_dir(None)  # ../shared/data is where the data lives here and in CI: missing, it fails
     for name in ("gsm8k", "nq_open", "wmt22_de_en"):
         t = get_task(name)
         test, shots = t.load(root)

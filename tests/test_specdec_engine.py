@@ -188,11 +188,11 @@ def test_alpha_star_reported_beside_acceptance(pair):
 def test_real_smollm2_prompt_lookup_greedy_equality():
     """Real smollm2-135m (fp32, chat template): prompt lookup reproduces plain greedy decoding on 20
     real GSM8K / WMT22 prompts x 64 tokens."""
-    from runtime import registry
     from runtime.member import load_member
 
-    if not registry.is_ready("smollm2-135m"):
-        pytest.skip("smollm2-135m is not fetched")
+    from conftest import require_model
+
+    require_model("smollm2-135m")
     data = Path(__file__).resolve().parents[2] / "shared" / "data"
     if not data.exists():
         data = Path("/work/shared/data")

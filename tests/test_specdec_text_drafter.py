@@ -268,15 +268,14 @@ def test_real_smollm2_drafts_for_another_tokenizer_greedy_equality(target_name, 
     equal plain greedy decoding, and it drafts well enough to accept more than one token per target
     forward on average."""
     import json
-    from pathlib import Path
 
-    from runtime import registry
     from runtime.member import load_member
 
+    from conftest import model_or_skip, require_data
+
     for name in ("smollm2-135m", target_name):
-        if not registry.is_ready(name):
-            pytest.skip(f"{name} is not fetched")
-    data = Path("/work/shared/data")
+        model_or_skip(name)
+    data = require_data()
     qs = [json.loads(line)["question"] for line in (data / "gsm8k" / "test.jsonl").open()][:3]
     de = [line.strip() for line in (data / "wmt22" / "de-en.src").open()][:3]
     prompts = qs + [f"Translate the following German text into English.\n\nGerman: {s}\nEnglish:" for s in de]
