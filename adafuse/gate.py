@@ -17,3 +17,20 @@ def top2_margin(
 def is_confident(margin: float, threshold: float) -> bool:
     """Confident iff m >= threshold (the paper's gate; threshold 0.7 by default)."""
     return margin >= threshold
+
+
+GATE_DECISIONS = ("off", "uncertain", "forced", "confident")
+
+
+def gate_decision(margin: float, streak: int, threshold: float, span: int, gate: bool = True) -> str:
+    """A row's decision at a word start, the one rule every path applies (the step's gate, the lead's
+    multi-word runs, its speculative runs): "off" (the gate is off: every word is ensembled),
+    "uncertain" (margin below `threshold`), "forced" (`streak` confident words since the last
+    ensembled word have used up `span`) or "confident" (the lead writes the word alone)."""
+    if not gate:
+        return "off"
+    if not is_confident(margin, threshold):
+        return "uncertain"
+    if streak >= span:
+        return "forced"
+    return "confident"

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from adafuse.gate import is_confident, top2_margin
+from adafuse.gate import gate_decision, is_confident, top2_margin
 from adafuse.scoring import choose, fuse_scores
 
 
@@ -10,6 +10,15 @@ def test_top2_margin():
     probs = torch.tensor([[0.8, 0.1, 0.1], [0.4, 0.35, 0.25]])
     torch.testing.assert_close(top2_margin(probs), torch.tensor([0.7, 0.05]))
     assert is_confident(0.7, 0.7) and not is_confident(0.69, 0.7)
+
+
+def test_gate_decision_is_the_one_rule():
+    assert gate_decision(0.9, 0, 0.7, 3) == "confident"
+    assert gate_decision(0.69, 0, 0.7, 3) == "uncertain"
+    assert gate_decision(0.9, 3, 0.7, 3) == "forced" and gate_decision(0.9, 2, 0.7, 3) == "confident"
+    assert gate_decision(0.2, 5, 0.7, 3) == "uncertain"  # uncertainty first, then the span
+    assert gate_decision(0.99, 0, 0.7, 3, gate=False) == "off"
+    assert gate_decision(0.9, 0, 0.7, 0) == "forced"  # span 0: every word ensembled
 
 
 def test_softmax_calibration_resists_a_self_confident_member():

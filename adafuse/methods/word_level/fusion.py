@@ -7,7 +7,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from adafuse.gate import top2_margin
+from adafuse.gate import gate_decision, top2_margin
 from adafuse.methods.base import GenerationRequest, Method, run_method
 from adafuse.methods.word_level.batch import Batch
 from adafuse.methods.word_level.ensembled_word import EnsembledWord
@@ -111,13 +111,7 @@ class WordFusion:
         """Row b's decision at its word start: "off" (gate off), "uncertain" (margin below the
         threshold), "forced" (`span` confident words since the last ensembled word) or "confident"."""
         cfg = self.config
-        if not cfg.gate:
-            return "off"
-        if margin < cfg.threshold:
-            return "uncertain"
-        if self.batch.streak[b] >= cfg.span:
-            return "forced"
-        return "confident"
+        return gate_decision(margin, self.batch.streak[b], cfg.threshold, cfg.span, cfg.gate)
 
     # ---- whole run -------------------------------------------------------------------------
     def run(self, on_step: Callable[["WordFusion"], None] | None = None) -> list[GenerationOutput]:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from adafuse.gate import top2_margin
+from adafuse.gate import gate_decision, top2_margin
 from adafuse.methods.word_level.batch import Batch
 from adafuse.methods.word_level.options import WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Round
@@ -255,7 +255,8 @@ class LeadDecoder:
             return "stop"
         if self.member.encode(full) != ids:
             return "stop"
-        return "confident" if margin >= cfg.threshold and batch.streak[b] + len(words) < cfg.span else "ensemble"
+        decision = gate_decision(margin, batch.streak[b] + len(words), cfg.threshold, cfg.span, cfg.gate)
+        return "confident" if decision == "confident" else "ensemble"
 
     def _ride(self, state: KVState, feed: list[list[int]], ride: Sequence[int]) -> None:
         """One lead forward that commits `feed` (one token per confident row) and advances the open
@@ -301,7 +302,8 @@ class LeadDecoder:
                 # the row has room for it (`_next_word` stops it at max_new_tokens)
                 if len(have[b]) + len(new) - 1 >= batch.max_new_tokens:
                     return True
-                return float(top2_margin(torch.softmax(source.float(), -1)[None])[0]) < cfg.threshold
+                margin = float(top2_margin(torch.softmax(source.float(), -1)[None])[0])
+                return gate_decision(margin, batch.streak[b] + units, cfg.threshold, cfg.span, cfg.gate) != "confident"
             return False
 
         def draft_depth(b: int, new: list[int]) -> int:
