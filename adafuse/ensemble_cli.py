@@ -10,16 +10,16 @@ import argparse
 import sys
 from typing import Any
 
+from adafuse.methods import METHODS  # the registry: every method the CLI offers
 from runtime.errors import ConfigError
 from runtime.views import split_members
 
-METHODS = ("adafuse", "word-fixed", "token-union", "sample-rerank", "self-consistency", "view-vote", "single")
 _KNOBS = ("threshold", "span", "candidates", "normalise", "calibration", "draft_candidates", "fusion", "keep_margin")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("ensemble (with --members)")
-    g.add_argument("--method", default="adafuse", choices=METHODS, help="ensemble method (default adafuse)")
+    g.add_argument("--method", default="adafuse", choices=list(METHODS), help="ensemble method (default adafuse)")
     g.add_argument("--weights", help="comma-separated member weights, e.g. 1,1,2 (default equal)")
     g.add_argument("--threshold", type=float, help="gate: top-1 minus top-2 margin needed to skip ensembling (0.7)")
     g.add_argument("--span", type=int, help="max words committed without ensembling (3)")

@@ -136,6 +136,8 @@ class EvalConfig:
 
 def _positive(value: Any, key: str, source: str, minimum: int = 1) -> None:
     if value is not None and value < minimum:
+        if key.startswith("--"):  # a command-line flag, not a key of the file
+            raise ConfigError(f"{key} must be >= {minimum}, got {value}")
         raise ConfigError(f"{source}: key '{key}' must be >= {minimum}, got {value}")
 
 
@@ -294,7 +296,7 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         except (ConfigError, ValueError, KeyError) as exc:
             raise ConfigError(f"{source}: key 'dtype': {exc}") from None
         cfg.runs = [RunSpec(r.name, r.method, r.members, cfg.run_options(r), r.tasks) for r in cfg.runs]
-    _positive(cfg.batch_size, "batch_size", source)
+    _positive(cfg.batch_size, "--batch_size" if batch_size is not None else "batch_size", source)
     _positive(cfg.bootstrap, "bootstrap", source)
     _positive(limit, "--limit", source)
     _positive(data.get("limit"), "limit", source)

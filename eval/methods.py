@@ -14,10 +14,10 @@ loads (a config's mistake in its last run is then found before the first run sta
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Protocol
 
 from adafuse.ensemble import MEMBER_DRAFTING, Ensemble, EnsembleConfig, check_member_drafting, model_specs
+from adafuse.methods import METHODS as ADAFUSE_METHODS
 from runtime.devices import check_device, check_devices
 from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
@@ -25,7 +25,7 @@ from runtime.member import resolve_dtype
 from runtime.outputs import GenerationOutput
 from specdec.config import DEFAULT_SHAPE
 from specdec.drafters import default_shape, make_drafter, parse_drafter_spec
-from specdec.engine import SpeculativeGenerator
+from specdec.engine import SPECULATIVE_OPTIONS, SpeculativeGenerator
 
 
 class Generator(Protocol):
@@ -33,7 +33,7 @@ class Generator(Protocol):
                  seed: int | None = None) -> list[GenerationOutput]: ...
 
 
-ENSEMBLE_METHODS = ("adafuse", "token-union", "word-fixed", "sample-rerank", "self-consistency", "view-vote")
+ENSEMBLE_METHODS = tuple(m for m in ADAFUSE_METHODS if m != "single")  # the registry's (`adafuse.methods`)
 METHODS: dict[str, Callable[..., Generator]] = {}
 _GENERATOR_CACHE: dict[tuple, Generator] = {}
 
@@ -72,8 +72,6 @@ def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | 
     return _speculative(target, drafter, dtype, options, device)
 
 
-# keywords of SpeculativeGenerator besides target/drafter/shape, and the verifiers' own parameters
-SPECULATIVE_OPTIONS = tuple(inspect.signature(SpeculativeGenerator).parameters)[3:-1] + ("rho",)
 
 
 def _check_single(members: list[str], dtype: str, drafter: Any, options: dict[str, Any]) -> None:

@@ -40,13 +40,16 @@ def _isinstance(value: Any, types: tuple[type, ...]) -> bool:
 
 
 def check_keys(data: dict, allowed: dict[str, Field] | list[str], where: str, source: str) -> None:
-    """Raise on the first key of `data` that is not in `allowed`, suggesting the closest name."""
+    """Raise one line naming every key of `data` that is not in `allowed`, each with the closest name."""
     names = list(allowed)
-    for key in data:
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(sorted(names))})"
-            raise ConfigError(f"{source}: unknown key '{where}{key}'{hint}")
+    parts = []
+    for key in (k for k in data if k not in names):
+        close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+        parts.append(f"'{where}{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    if not parts:
+        return
+    hint = "" if any("did you mean" in p for p in parts) else f" (allowed: {', '.join(sorted(names))})"
+    raise ConfigError(f"{source}: unknown key{'s' if len(parts) > 1 else ''} {', '.join(parts)}{hint}")
 
 
 def validate(data: Any, schema: dict[str, Field], source: str, where: str = "") -> dict:

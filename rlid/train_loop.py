@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from runtime.errors import ConfigError
+from runtime.options import parse_options
 from runtime.files import append_line, write_json_atomic
 from rlid.advantages import RunningBaseline, decision_returns, group_advantages
 from rlid.checkpoint import restore, resume, rng_state, save_checkpoint, set_rng_state
@@ -118,18 +119,15 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         """From a YAML/JSON mapping (`lora` a mapping of `LoraSpec` fields); unknown keys are refused."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(f"unknown training setting(s) {unknown}; known: {sorted(names)}")
         d = dict(d)
         lora = d.pop("lora", None) or {}
-        lora_names = {f.name for f in dataclasses.fields(LoraSpec)}
-        if not isinstance(lora, dict) or set(lora) - lora_names:
-            raise ConfigError(f"lora must be a mapping of {sorted(lora_names)}, got {lora!r}")
+        if not isinstance(lora, dict):
+            raise ConfigError(f"lora must be a mapping of {sorted(f.name for f in dataclasses.fields(LoraSpec))}, "
+                              f"got {lora!r}")
         if lora.get("target_modules") is not None:
-            lora["target_modules"] = tuple(lora["target_modules"])
-        return cls(**d, lora=LoraSpec(**lora))
+            lora = {**lora, "target_modules": tuple(lora["target_modules"])}
+        spec = parse_options(LoraSpec, lora, "the training's lora", validate=False)
+        return parse_options(cls, {**d, "lora": spec}, "the training settings", validate=False)
 
     def fingerprint(self) -> dict[str, Any]:
         """The settings a resumed run must share with the one it continues (budgets may change)."""

@@ -66,6 +66,11 @@ def node_verifier(method: str, scheme: str, params: dict) -> NodeVerifier:
     return run
 
 
+# the keywords a SpeculativeGenerator takes besides target / drafter / shape (config options of a
+# speculative member), and `rho`, the one verifier parameter (k-seq); kept beside the constructor
+SPECULATIVE_OPTIONS = ("scheme", "num_drafts", "depth", "node_budget", "stop_below", "verifier", "track_alpha", "rho")
+
+
 class SpeculativeGenerator:
     """Speculative decoding of `target` with `drafter` (None: plain decoding through the same loop).
 

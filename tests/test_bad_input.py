@@ -126,9 +126,9 @@ CASES: list[tuple[str, Argv, str]] = [
     ("eval-seed-not-int", ev(lambda e: e.cfg(), "--seed", "x"), "argument --seed: invalid int value"),
     ("eval-batch-not-int", ev(lambda e: e.cfg(), "--batch_size", "1.5"), "argument --batch_size"),
     # -- eval flags ------------------------------------------------------------------------
-    ("eval-limit-0", ev(lambda e: e.cfg(), "--limit", "0"), "'--limit' must be >= 1, got 0"),
-    ("eval-limit-negative", ev(lambda e: e.cfg(), "--limit", "-3"), "'--limit' must be >= 1, got -3"),
-    ("eval-batch-0", ev(lambda e: e.cfg(), "--batch_size", "0"), "'batch_size' must be >= 1"),
+    ("eval-limit-0", ev(lambda e: e.cfg(), "--limit", "0"), "--limit must be >= 1, got 0"),
+    ("eval-limit-negative", ev(lambda e: e.cfg(), "--limit", "-3"), "--limit must be >= 1, got -3"),
+    ("eval-batch-0", ev(lambda e: e.cfg(), "--batch_size", "0"), "--batch_size must be >= 1"),
     ("eval-shard-k-too-big", ev(lambda e: e.cfg(), "--shard", "2/2"), "--shard '2/2' is invalid"),
     ("eval-shard-not-numbers", ev(lambda e: e.cfg(), "--shard", "a/b"), "--shard 'a/b' is invalid"),
     ("eval-shard-no-slash", ev(lambda e: e.cfg(), "--shard", "1"), "--shard '1' is invalid"),

@@ -345,7 +345,7 @@ def test_wall_budget_and_config_from_dict():
     assert cfg.lora == LoraSpec(r=2, target_modules=("q_proj", "v_proj"))
     recs = DecisionTrainer(decision_policy(), PickEnv, cfg).run()
     assert [r["step"] for r in recs] == [1]                      # the budget is checked before each step
-    with pytest.raises(ConfigError, match="unknown training setting"):
+    with pytest.raises(ConfigError, match="unknown option .* for the training settings"):
         TrainConfig.from_dict({"train_seeds": [0], "max_steps": 1, "learning_rate": 0.1})
     with pytest.raises(ConfigError, match="lora"):
         TrainConfig.from_dict({"train_seeds": [0], "max_steps": 1, "lora": {"rank": 4}})

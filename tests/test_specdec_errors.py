@@ -84,3 +84,15 @@ def test_underscore_alias_and_repr():
     ref = verify(P, Q, torch.tensor([0, 1]), "rrs-without", generator=torch.Generator().manual_seed(0))
     assert int(out.token) == int(ref.token) and int(out.accepted_index) == int(ref.accepted_index)
     assert repr(out) == "VerifyResult(token=(), accepted_index=())"
+
+
+def test_speculative_options_name_every_keyword_of_the_generator():
+    """`SPECULATIVE_OPTIONS` (what configs may set on a speculative member) is the constructor's
+    keywords besides target / drafter / shape, plus k-seq's `rho`: the list cannot drift from it."""
+    import inspect
+
+    from specdec.engine import SPECULATIVE_OPTIONS, SpeculativeGenerator
+
+    params = inspect.signature(SpeculativeGenerator).parameters
+    keywords = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    assert set(SPECULATIVE_OPTIONS) == set(keywords) | {"rho"}

@@ -10,23 +10,8 @@
 """
 from __future__ import annotations
 
-from adafuse.methods.answer_level import SelfConsistency, ViewVote
-from adafuse.methods.base import GenerationRequest, Method, run_method
-from adafuse.methods.sample_rerank import SampleRerank
-from adafuse.methods.single import Single
-from adafuse.methods.token_union import TokenUnion
-from adafuse.methods.word_level import AdaFuse, WordFixed
-from runtime.errors import ConfigError
+from adafuse.methods.base import METHODS, GenerationRequest, Method, get_method, register_method, run_method
+# importing a method module registers its methods, in this order (the order every listing shows)
+from adafuse.methods import single, word_level, token_union, sample_rerank, answer_level  # noqa: F401,I001
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (Single, AdaFuse, WordFixed, TokenUnion, SampleRerank,
-                                                         SelfConsistency, ViewVote)}
-
-
-def get_method(name: str) -> Method:
-    """The method registered as `name`; an unknown name raises a one-line `ConfigError`."""
-    if name not in METHODS:
-        raise ConfigError(f"unknown method '{name}'; use one of: {', '.join(METHODS)}")
-    return METHODS[name]()
-
-
-__all__ = ["METHODS", "GenerationRequest", "Method", "get_method", "run_method"]
+__all__ = ["METHODS", "GenerationRequest", "Method", "get_method", "register_method", "run_method"]

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
-from adafuse.methods.base import GenerationRequest, Method
+from adafuse.methods.base import GenerationRequest, Method, register_method
 from adafuse.voting import VOTES, normalise_answer, pick
 from runtime.errors import ConfigError
 from runtime.forward_group import run_members
@@ -107,6 +107,7 @@ def _chosen(method: str, vote: str, samples: list[VoteSample], index: int, cost:
     return out
 
 
+@register_method
 class SelfConsistency(Method):
     """`self-consistency`; see the module docstring."""
 
@@ -148,6 +149,7 @@ class SelfConsistency(Method):
         return split_batch_cost(outs)
 
 
+@register_method
 class ViewVote(Method):
     """`view-vote`; see the module docstring."""
 

@@ -11,10 +11,11 @@ fails before any model is loaded.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
 
 from runtime.errors import ConfigError
+from runtime.options import parse_options as parse_dataclass
 from runtime.sampling import SamplingParams
 from runtime.stopping import StopStrings
 
@@ -68,15 +69,9 @@ class NoOptions:
 
 
 def parse_options(method: str, options_cls: type, options: dict[str, Any]):
-    """`options_cls(**options)`, validated; unknown names and bad values raise one-line ConfigErrors."""
-    known = {f.name for f in fields(options_cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"unknown option '{unknown[0]}' for method '{method}'; known options: "
-                          f"{', '.join(sorted(known)) or '(none)'}")
-    parsed = options_cls(**options)
-    parsed.validate()
-    return parsed
+    """`options_cls(**options)`, validated (`runtime.options.parse_options`: unknown names with
+    did-you-mean, types, the dataclass's `validate()`; one-line ConfigErrors)."""
+    return parse_dataclass(options_cls, options, f"method '{method}'")
 
 
 class Method:
@@ -94,6 +89,29 @@ class Method:
     def generate(self, members: Sequence[Any], request: GenerationRequest, options: Any, *,
                  weights: Sequence[float], lead: int, speculators: Sequence[Any | None]) -> list:
         raise NotImplementedError
+
+
+METHODS: dict[str, type[Method]] = {}  # the one registry of methods: name -> class (its Options with it)
+
+
+def register_method(cls: type[Method]) -> type[Method]:
+    """Class decorator: register `cls` under `cls.name` (lm-eval's `register_model` pattern); every
+    list of method names (the CLI's choices, eval's, tune's) reads this registry."""
+    if cls.name in METHODS and METHODS[cls.name] is not cls:
+        raise ValueError(f"method name '{cls.name}' is registered twice")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> Method:
+    """The method registered as `name`; an unknown name is a one-line `ConfigError` (did you mean)."""
+    if name not in METHODS:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(METHODS), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown method '{name}'{hint}; use one of: {', '.join(METHODS)}")
+    return METHODS[name]()
 
 
 def check_members(method: str, num_members: int, lead: int, weights: Sequence[float] | None,

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from adafuse.methods.base import GenerationRequest, Method, run_method
+from adafuse.methods.base import GenerationRequest, Method, register_method, run_method
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 from runtime.errors import ConfigError
 from runtime.forward_group import run_members
@@ -172,6 +172,7 @@ def score_answers(members: Sequence[Member], states: dict[int, Any], answers: li
     return scores
 
 
+@register_method
 class SampleRerank(Method):
     """Generate-then-rerank; see the module docstring."""
 

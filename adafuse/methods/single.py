@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from adafuse.methods.base import GenerationRequest, Method, NoOptions
+from adafuse.methods.base import GenerationRequest, Method, NoOptions, register_method
 from runtime.member import Member
 from runtime.outputs import GenerationOutput
 
 
+@register_method
 class Single(Method):
     name = "single"
     Options = NoOptions

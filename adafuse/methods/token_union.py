@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import torch
 
-from adafuse.methods.base import GenerationRequest, Method, run_method
+from adafuse.methods.base import GenerationRequest, Method, register_method, run_method
 from runtime.errors import ConfigError
 from runtime.forward_group import run_members
 from runtime.member import Member
@@ -413,6 +413,7 @@ class _UnionRun:
         return outs
 
 
+@register_method
 class TokenUnion(Method):
     """UniTE-style token-union ensemble; see the module docstring."""
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import copy
 import operator
-from dataclasses import fields
 from typing import Any, Callable, TypeVar
 
 from runtime.errors import ConfigError
+from runtime.options import parse_options
 from rlid.types import StepResult
 
 # Puzzle `attempt` of episode seed s is generator index s * PUZZLE_STRIDE + attempt, so resampling
@@ -64,13 +64,7 @@ def check_range(low_name: str, low: int, high_name: str, high: int) -> None:
 def options_from(cls: type, env_name: str, options: dict[str, Any]):
     """Build the options dataclass `cls` from keyword options; an unknown key is a ConfigError
     naming it and the valid ones. The dataclass's own `validate()` checks the values."""
-    valid = [f.name for f in fields(cls)]
-    for key in options:
-        if key not in valid:
-            raise ConfigError(f"unknown option {key!r} for environment {env_name!r}; valid options: {', '.join(valid)}")
-    built = cls(**options)
-    built.validate()
-    return built
+    return parse_options(cls, options, f"environment {env_name!r}")
 
 
 class MenuEnvironment:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from adafuse.methods.word_level.batch import Batch
 from adafuse.methods.word_level.ensembled_word import EnsembledWord, Proposal, Scored
-from adafuse.methods.word_level.fusion import METHODS, AdaFuse, WordFixed, WordFusion, generate
+from adafuse.methods.word_level.fusion import AdaFuse, WordFixed, WordFusion, generate
 from adafuse.methods.word_level.lead_decoder import ConfidentRun, LeadDecoder, count_complete_units
 from adafuse.methods.word_level.options import DRAFT_CANDIDATES, WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Candidate, Round, round_stats
@@ -55,7 +55,7 @@ from adafuse.methods.word_level.trees import (Branches, OpenTree, TreeBuilder, b
 
 __all__ = [
     "AdaFuse", "Batch", "Branches", "Candidate", "ConfidentRun", "DRAFT_CANDIDATES", "EOS_KEY", "EnsembledWord",
-    "LeadDecoder", "METHODS", "OpenTree", "Proposal", "Round", "Scored", "TreeBuilder", "WordConfig", "WordFixed",
+    "LeadDecoder", "OpenTree", "Proposal", "Round", "Scored", "TreeBuilder", "WordConfig", "WordFixed",
     "WordFusion", "below", "complete_words", "continuation_ids", "count_complete_units", "draft_branches",
     "generate", "round_stats", "top_firsts", "trie_path",
 ]

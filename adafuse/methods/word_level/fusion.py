@@ -8,7 +8,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 
 from adafuse.gate import gate_decision, top2_margin
-from adafuse.methods.base import GenerationRequest, Method, run_method
+from adafuse.methods.base import METHODS, GenerationRequest, Method, get_method, register_method, run_method
 from adafuse.methods.word_level.batch import Batch
 from adafuse.methods.word_level.ensembled_word import EnsembledWord
 from adafuse.methods.word_level.lead_decoder import LeadDecoder
@@ -156,12 +156,14 @@ class _WordLevel(Method):
         return fusion.run()
 
 
+@register_method
 class AdaFuse(_WordLevel):
     """`adafuse`: gated, adaptive span (the lead alone where it is confident)."""
 
     name: ClassVar[str] = "adafuse"
 
 
+@register_method
 class WordFixed(_WordLevel):
     """`word-fixed`: the gate off, every word is ensembled (`gate=False` whatever the options say)."""
 
@@ -176,13 +178,11 @@ class WordFixed(_WordLevel):
         return replace(options, gate=False)
 
 
-METHODS: dict[str, type[_WordLevel]] = {"adafuse": AdaFuse, "word-fixed": WordFixed}
-
-
 def generate(members: Sequence[Member], prompts: Sequence[str], *, method: str = "adafuse",
              **kwargs: Any) -> list[GenerationOutput]:
     """`run_method(AdaFuse() or WordFixed(), ...)`: validated keyword call (max_new_tokens, stop,
     temperature, seed, weights, lead, chat, speculators, and the `WordConfig` knobs)."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown word-level method '{method}'; use one of: {', '.join(METHODS)}")
-    return run_method(METHODS[method](), members, prompts, **kwargs)
+    word_level = [name for name, cls in METHODS.items() if issubclass(cls, _WordLevel)]
+    if method not in word_level:
+        raise ConfigError(f"unknown word-level method '{method}'; use one of: {', '.join(word_level)}")
+    return run_method(get_method(method), members, prompts, **kwargs)
