@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from runtime.sampling import on_generator
+from runtime.sampling import draw
 
 NORMALISATIONS = ("token", "byte", "char", "sum")
 
@@ -79,4 +79,4 @@ def choose(
     if temperature <= 0:
         return int(torch.argmax(fused))
     probs = torch.softmax(fused.float() / temperature, dim=-1)
-    return int(torch.multinomial(on_generator(probs, generator), 1, generator=generator))
+    return draw(probs, generator)

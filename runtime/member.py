@@ -6,7 +6,7 @@
 - `start(prompt_ids)` prefills a `runtime.kv_state.KVState` for a batch of prompts, full prompt
   chunks from the member's `PrefixCache` (`runtime.prefix_cache`), the rest in one batched forward;
 - `generate(prompts, ...)` plain batched decoding (row i seeded `seed + i`), ending rows on EOS, the
-  earliest stop string (`check_finished`, `runtime.stopping.StopStrings`) or `max_new_tokens`;
+  earliest stop string or `max_new_tokens` (`runtime.finish.FinishRule`);
 - `counters` count every forward and token fed, for `runtime.outputs.CostMeter`.
 
 `load_member(name_or_path, dtype, device)` loads a registry name, local folder or hub id (packed
@@ -23,13 +23,14 @@ from runtime.counters import Counters
 from runtime.errors import ConfigError
 from runtime.forward_group import solo
 from runtime.kv_state import KVState
-from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
+from runtime.finish import FinishRule
+from runtime.outputs import Cost, CostMeter, GenerationOutput, batch_outputs
 from runtime.prefix_cache import ChunkKV, PrefixCache, chunk_of
 from runtime.prompts import view_prompt
 from runtime.sampling import SamplingParams, sample
 from runtime.stopping import StopStrings
 
-__all__ = ["END_OF_TURN_TOKENS", "Counters", "Member", "check_finished", "load_member", "make_generators",
+__all__ = ["END_OF_TURN_TOKENS", "Counters", "Member", "load_member", "make_generators",
            "resolve_dtype"]
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
@@ -179,38 +180,37 @@ class Member:
     @torch.no_grad()
     def decode_plain(self, state: "KVState", max_new_tokens: int, stop: Sequence[str] | StopStrings = (),
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                     generators: list[torch.Generator] | None = None, logprobs: list[float] | None = None
-                     ) -> tuple[list[str], list[str], list[list[int]]]:
+                     generators: list[torch.Generator] | None = None, logprobs: list[float] | None = None,
+                     rule: FinishRule | None = None) -> tuple[list[str], list[str], list[list[int]]]:
         """Plain decoding of every row of an existing `state` until each row finishes (EOS, a stop
         string, `max_new_tokens`): (texts, finish reasons, new token ids). Row r samples from
         `generators[r]` when given. The state holds every new token but each row's last.
         `logprobs` (one float per row) accumulates each row's new tokens' log-probabilities under
-        the model's own (untempered) distribution."""
-        stops = stop if isinstance(stop, StopStrings) else StopStrings(stop)
+        the model's own (untempered) distribution. Rows finish by `rule` (default: a
+        `runtime.finish.FinishRule` of `stop` and `max_new_tokens`; pass one to read which stop
+        string each row met)."""
         rows = state.batch_size
+        rule = rule or FinishRule(self, rows, stop, max_new_tokens)
         new_ids: list[list[int]] = [[] for _ in range(rows)]
-        texts = ["" for _ in range(rows)]
-        finish: list[str | None] = [None] * rows
-        while any(f is None for f in finish):
+        while not rule.done:
             probs = state.next_probs(temperature, top_k, top_p)
             tokens = probs.argmax(-1) if temperature == 0 else sample(probs, generators)
             if logprobs is not None:
                 lp = torch.log_softmax(state.last_logits.float(), dim=-1).gather(1, tokens[:, None].to(
                     state.last_logits.device))[:, 0].tolist()
                 for b in range(rows):
-                    if finish[b] is None:
+                    if rule.reasons[b] is None:
                         logprobs[b] += lp[b]
             feed: list[list[int]] = []
             for b, tok in enumerate(tokens.tolist()):
-                if finish[b] is not None:
+                if rule.reasons[b] is not None:
                     feed.append([])
                     continue
                 new_ids[b].append(tok)
-                finish[b], texts[b] = check_finished(self, new_ids[b], stops, max_new_tokens)
-                feed.append([] if finish[b] is not None else [tok])
+                feed.append([] if rule.after_tokens(b, new_ids[b]) is not None else [tok])
             if any(feed):
                 state.append(feed, return_logits=False)
-        return texts, finish, new_ids
+        return list(rule.texts), list(rule.reasons), new_ids
 
     @torch.no_grad()
     def generate(
@@ -227,37 +227,16 @@ class Member:
         """Plain batched decoding with this member's KV cache. Row i samples from its own generator
         seeded `seed + i`, so a batched call equals per-row calls. Text excludes the stop string."""
         meter = CostMeter([self])
-        stops = StopStrings(stop)
         prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
         gens = make_generators(len(prompts), seed, self.device)
         state = self.start(prompt_ids, room=max_new_tokens)
-        texts, finish, new_ids = self.decode_plain(state, max_new_tokens, stops, temperature, top_k, top_p, gens)
-        cost = meter.cost()
-        outs = [GenerationOutput(texts[b], len(new_ids[b]), finish[b], cost if b == 0 else Cost(wall_time_s=0.0))
-                for b in range(len(prompts))]
-        # the batch shares one cost; split it evenly so per-example figures add up
-        return split_batch_cost(outs)
+        texts, finish, new_ids = self.decode_plain(state, max_new_tokens, stop, temperature, top_k, top_p, gens)
+        return batch_outputs(meter.cost(), texts, [len(ids) for ids in new_ids], finish)
 
 
 def make_generators(n: int, seed: int | None, device) -> list[torch.Generator] | None:
     """One generator per row, seeded `seed + row` (None without a seed): `SamplingParams.generators`."""
     return SamplingParams(seed=seed).generators(n, device)
-
-
-def check_finished(member: Member, new_ids: list[int], stop: Sequence[str] | StopStrings,
-                   max_new_tokens: int) -> tuple[str | None, str]:
-    """(finish reason or None, text so far) of a row that generated `new_ids`: "eos" (the EOS is
-    excluded from the text), "stop" (the text is cut before the earliest occurrence of any stop
-    string), "length" (`max_new_tokens` reached), or None: go on."""
-    if new_ids and new_ids[-1] in member.eos_token_ids:
-        return "eos", member.decode(new_ids[:-1])
-    text = member.decode(new_ids)
-    cut = (stop if isinstance(stop, StopStrings) else StopStrings(stop)).cut(text)
-    if cut is not None:
-        return "stop", text[:cut]
-    if len(new_ids) >= max_new_tokens:
-        return "length", text
-    return None, text
 
 
 def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device: str = "cpu",

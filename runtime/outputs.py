@@ -88,6 +88,21 @@ class CostMeter:
         return total
 
 
+def batch_outputs(cost: Cost, texts: Sequence[str], num_tokens: Sequence[int], reasons: Sequence[str],
+                  traces: Sequence[Any] | None = None, stats: Sequence[dict[str, Any]] | None = None
+                  ) -> list[GenerationOutput]:
+    """One `GenerationOutput` per row of a batch (its text, lead tokens, finish reason, and optional
+    trace / stats), the batch's `cost` split evenly over the rows: what every generation path returns."""
+    outs = [GenerationOutput(t, n, r, cost if b == 0 else Cost()) for b, (t, n, r) in
+            enumerate(zip(texts, num_tokens, reasons))]
+    for b, out in enumerate(outs):
+        if traces is not None:
+            out.trace = traces[b]
+        if stats is not None:
+            out.stats = stats[b]
+    return split_batch_cost(outs) if outs else outs
+
+
 def split_batch_cost(outs: list[GenerationOutput]) -> list[GenerationOutput]:
     """Spread the cost recorded on outs[0] (a whole batch's) evenly over the rows."""
     total = outs[0].cost

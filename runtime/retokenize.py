@@ -19,10 +19,18 @@ it has nothing (None), rather than guess.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
-if TYPE_CHECKING:
-    from runtime.member import Member
+
+class Member(Protocol):
+    """What this module needs of a member: its name and its text <-> ids (`runtime.member.Member`)."""
+
+    name: str
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
 
 REPLACEMENT = "\ufffd"  # what a decoder gives for bytes that do not (yet) form a character
 WINDOWS = (4, 16)       # look-behind ids tried in turn

@@ -58,6 +58,15 @@ def on_generator(t: torch.Tensor, generator: torch.Generator | None) -> torch.Te
     return t if generator is None else t.to(generator.device)
 
 
+def draw(
+    probs: torch.Tensor,  # [V] one row's distribution
+    generator: torch.Generator | None = None,
+) -> int:
+    """One token from one row's distribution, with the row's generator when it has one (seeded draws
+    happen on the generator's device), else torch's global generator: every single draw goes here."""
+    return int(torch.multinomial(on_generator(probs, generator), 1, generator=generator))
+
+
 def sample(
     probs: torch.Tensor,  # [B, V]
     generators: list[torch.Generator | None] | None = None,

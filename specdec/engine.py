@@ -33,10 +33,10 @@ from typing import Callable, Sequence
 import torch
 
 from runtime.kv_state import KVState
-from runtime.member import Member, check_finished
-from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
-from runtime.sampling import SamplingParams, on_generator
-from runtime.stopping import StopStrings
+from runtime.finish import FinishRule
+from runtime.member import Member
+from runtime.outputs import CostMeter, GenerationOutput, batch_outputs
+from runtime.sampling import SamplingParams, draw
 from specdec.bound import optimal_acceptance
 from specdec.config import DEFAULT_SHAPE, DecodeControl, DraftLimit, TreeShape
 from specdec.drafter_base import Drafter, drafter_member
@@ -125,28 +125,22 @@ class SpeculativeGenerator:
         tgt = self.target
         meter = CostMeter([tgt, self.drafter_member])
         sampling = SamplingParams(temperature, top_k, top_p, seed)
-        stops = StopStrings(stop).stops
         prompt_ids = [tgt.encode_prompt(p, chat) for p in prompts]
         gens = sampling.generators(len(prompts), tgt.device)
         state = tgt.start(prompt_ids, room=max_new_tokens)
         if self.drafter is not None:
             self.drafter.reset()
-        finish: list[str | None] = [None] * len(prompts)
-        texts = [""] * len(prompts)
+        rule = FinishRule(tgt, len(prompts), stop, max_new_tokens)
 
         def stop_row(b: int, row: RowResult) -> bool:
-            finish[b], texts[b] = check_finished(tgt, row.ids, stops, max_new_tokens)
-            return finish[b] is not None
+            return rule.after_tokens(b, row.ids) is not None
 
         result = self._run(state, max_new_tokens, sampling, gens, DecodeControl(commit_last=False), stop_row)
-        cost = meter.cost()
-        outs = []
         for b, row in enumerate(result.rows):
-            if finish[b] is None:
-                finish[b], texts[b] = check_finished(tgt, row.ids, stops, max_new_tokens)
-            outs.append(GenerationOutput(texts[b], len(row.ids), finish[b] or "length", cost if b == 0 else Cost(),
-                                         stats=row.stats.to_dict(self.track_alpha)))
-        return split_batch_cost(outs)
+            if rule.reasons[b] is None and rule.after_tokens(b, row.ids) is None:
+                rule.finish(b, "length")
+        return batch_outputs(meter.cost(), rule.texts, [len(row.ids) for row in result.rows], rule.reasons,
+                             stats=[row.stats.to_dict(self.track_alpha) for row in result.rows])
 
     @torch.no_grad()
     def decode(self, state: KVState, max_new_tokens: int, sampling: SamplingParams = GREEDY,
@@ -286,10 +280,10 @@ class SpeculativeGenerator:
                 continue
             p = root_p if node == 0 and root_p is not None else sampling.probs(raw)
             if not kids:
-                return accepted, int(torch.multinomial(on_generator(p, gen), 1, generator=gen))
+                return accepted, draw(p, gen)
             if tree.is_deterministic(node):
                 alpha = float(p[list(kids)].sum()) if self.track_alpha else None
-                y = int(torch.multinomial(on_generator(p, gen), 1, generator=gen))
+                y = draw(p, gen)
                 ok = y in kids
             else:
                 q = tree.draft_probs[node]

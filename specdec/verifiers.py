@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.sampling import on_generator
+from runtime.sampling import draw
 from specdec.drafts import check_n, check_pair, check_scheme, greedy_residual_draft, greedy_set, to_float64
 from specdec.lp import solve_coupling
 
@@ -115,7 +115,7 @@ def _uniform(generator: torch.Generator | None) -> float:
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(on_generator(probs, generator), 1, generator=generator))
+    return draw(probs, generator)
 
 
 # ----------------------------------------------------------------------------------------------

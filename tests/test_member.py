@@ -253,8 +253,20 @@ def test_stop_strings_are_excluded():
     assert out.finish_reason == "stop" and out.text == free[: free.find(stop)]
 
 
+def check_finished(member, ids, stop, max_new_tokens):
+    """(reason, text) of one row after `ids`, by the one finish rule (`runtime.finish.FinishRule`)."""
+    from runtime.finish import FinishRule
+
+    rule = FinishRule(member, 1, stop, max_new_tokens)
+    reason = None
+    for n in range(1, len(ids) + 1):  # token by token, as the decoding paths call it
+        reason = rule.after_tokens(0, ids[:n])
+        if reason is not None:
+            break
+    return reason, rule.texts[0]
+
+
 def test_check_finished_cuts_at_the_earliest_stop_string():
-    from runtime.member import check_finished
     from runtime.stopping import StopStrings
 
     m = tiny_member("llama", tokenizer=char_tokenizer())
@@ -263,7 +275,25 @@ def test_check_finished_cuts_at_the_earliest_stop_string():
         assert check_finished(m, ids, stop, 100) == ("stop", "ab")
     assert check_finished(m, ids, [], 100) == (None, "ab, cd. ef")
     assert check_finished(m, ids, ["x"], len(ids)) == ("length", "ab, cd. ef")
-    assert check_finished(m, ids + [m.tokenizer.eos_token_id], [","], 100) == ("eos", "ab, cd. ef")
+    assert check_finished(m, ids + [m.tokenizer.eos_token_id], ["x"], 100) == ("eos", "ab, cd. ef")
+
+
+@pytest.mark.parametrize("which", ["char", "bpe", "pieces"])
+def test_the_finish_rule_decodes_incrementally_exactly_as_a_full_decode(which):
+    """The rule decodes only new ids (with look-behind) and scans only changed text: at every step its
+    text equals a full decode of the ids, byte pieces of multi-byte characters included."""
+    from runtime.finish import FinishRule
+
+    tok = {"char": char_tokenizer, "bpe": bpe_tokenizer}.get(which, lambda: bpe_tokenizer(120))()
+    m = tiny_member("llama", tokenizer=tok)
+    g = torch.Generator().manual_seed(0)
+    eos = m.eos_token_ids
+    for _ in range(20):
+        ids = [int(i) for i in torch.randint(0, len(tok), (30,), generator=g) if int(i) not in eos]
+        rule = FinishRule(m, 1, [], 1000)
+        for n in range(1, len(ids) + 1):
+            assert rule.after_tokens(0, ids[:n]) is None
+            assert rule.texts[0] == m.decode(ids[:n]), (ids[:n], rule.texts[0], m.decode(ids[:n]))
 
 
 def test_warpers_match_transformers():

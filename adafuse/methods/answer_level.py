@@ -26,7 +26,7 @@ from adafuse.voting import VOTES, normalise_answer, pick
 from runtime.errors import ConfigError
 from runtime.forward_group import run_members
 from runtime.member import Member
-from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
+from runtime.outputs import Cost, CostMeter, GenerationOutput, batch_outputs
 
 SEED_STRIDE = 1_000_003  # seed offset between samples; prompt b adds b, as member.generate does
 
@@ -100,11 +100,14 @@ def _answers(request: GenerationRequest, texts: Sequence[str]) -> list[str | Non
     return [extract(t) or None for t in texts]
 
 
-def _chosen(method: str, vote: str, samples: list[VoteSample], index: int, cost: Cost) -> GenerationOutput:
-    s = samples[index]
-    out = GenerationOutput(s.text, s.num_tokens, s.finish, cost, trace=VoteTrace(method, vote, index, samples))
-    out.stats = {"samples": len(samples), "distinct_answers": len({normalise_answer(x.answer) for x in samples} - {None})}
-    return out
+def _outputs(method: str, vote: str, per_prompt: list[tuple[list[VoteSample], int]], cost: Cost
+             ) -> list[GenerationOutput]:
+    """One output per prompt: its chosen sample, the vote as its trace, the batch's cost split."""
+    chosen = [samples[i] for samples, i in per_prompt]
+    return batch_outputs(cost, [s.text for s in chosen], [s.num_tokens for s in chosen], [s.finish for s in chosen],
+                         traces=[VoteTrace(method, vote, i, samples) for samples, i in per_prompt],
+                         stats=[{"samples": len(samples), "distinct_answers": len(
+                             {normalise_answer(x.answer) for x in samples} - {None})} for samples, _ in per_prompt])
 
 
 @register_method
@@ -138,15 +141,13 @@ class SelfConsistency(Method):
                                                      options.sampling_temperature,
                                                      top_p=options.top_p, generators=gens, logprobs=logprobs)
         answers = _answers(request, texts)
-        cost = meter.cost()
-        outs = []
+        per_prompt = []
         for b in range(B):
             idx = [r for r, (bb, _) in enumerate(rows) if bb == b]
             samples = [VoteSample(texts[r], answers[r], f"{member.name}#{rows[r][1]}", finish[r], len(new_ids[r]),
                                   round(logprobs[r], 4)) for r in idx]
-            chosen = pick(options.vote, [s.answer for s in samples], [s.logprob for s in samples])
-            outs.append(_chosen(self.name, options.vote, samples, chosen, cost if b == 0 else Cost()))
-        return split_batch_cost(outs)
+            per_prompt.append((samples, pick(options.vote, [s.answer for s in samples], [s.logprob for s in samples])))
+        return _outputs(self.name, options.vote, per_prompt, meter.cost())
 
 
 @register_method
@@ -169,13 +170,10 @@ class ViewVote(Method):
                                        chat=request.chat)
 
         written = dict(zip(order, run_members(order, lambda m: members[m], write)))  # views of a model together
-        cost = meter.cost()
-        outs = []
+        per_prompt = []
         for b in range(len(request.prompts)):
-            texts = [written[m][b].text for m in order]
-            answers = _answers(request, texts)
+            answers = _answers(request, [written[m][b].text for m in order])
             samples = [VoteSample(written[m][b].text, a, members[m].name, written[m][b].finish_reason,
                                   written[m][b].num_tokens) for m, a in zip(order, answers)]
-            chosen = pick(options.vote, answers)
-            outs.append(_chosen(self.name, options.vote, samples, chosen, cost if b == 0 else Cost()))
-        return split_batch_cost(outs)
+            per_prompt.append((samples, pick(options.vote, answers)))
+        return _outputs(self.name, options.vote, per_prompt, meter.cost())

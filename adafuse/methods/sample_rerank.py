@@ -27,9 +27,10 @@ import torch
 from adafuse.methods.base import GenerationRequest, Method, register_method, run_method
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 from runtime.errors import ConfigError
+from runtime.finish import FinishRule
 from runtime.forward_group import run_members
 from runtime.member import END_OF_TURN_TOKENS, Member
-from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
+from runtime.outputs import CostMeter, GenerationOutput, batch_outputs
 
 METHOD = "sample-rerank"
 SEED_STRIDE = 1_000_003  # seed offset between (member, sample) runs; row b adds b, as member.generate does
@@ -92,12 +93,6 @@ def end_token(member: Member, chat: bool | None) -> int | None:
     return min(member.eos_token_ids) if member.eos_token_ids else None
 
 
-def matched_stop(member: Member, new_ids: Sequence[int], text: str, stop: Sequence[str]) -> str:
-    """The stop string a row ended at (the one `check_finished` cut at)."""
-    raw = member.decode(new_ids)
-    return next((s for s in stop if raw.find(s) == len(text)), "")
-
-
 def write_answers(members: Sequence[Member], request: GenerationRequest, n: int, lead: int
                   ) -> tuple[list[list[RerankAnswer]], dict[int, Any]]:
     """Step 1: each member decodes its B x n rows on one KV state (rolled back to the prompts and
@@ -117,10 +112,10 @@ def write_answers(members: Sequence[Member], request: GenerationRequest, n: int,
         if seed is not None:
             gens = [torch.Generator(device=member.device).manual_seed(int(seed) + SEED_STRIDE * (m * n + j) + b)
                     for b, j in rows]
+        rule = FinishRule(member, len(rows), request.stop, request.max_new_tokens)
         texts, finish, new_ids = member.decode_plain(state, request.max_new_tokens, request.stop, temperature,
-                                                     generators=gens)
-        ends = [matched_stop(member, ids, text, request.stop.stops) if f == "stop" else ""
-                for ids, text, f in zip(new_ids, texts, finish)]
+                                                     generators=gens, rule=rule)
+        ends = rule.stop_string  # the stop string each row ended at ("" where it did not)
         state.rollback([len(prompt_ids[b]) for b, _ in rows])
         return texts, finish, new_ids, ends, state
 
@@ -190,23 +185,19 @@ class SampleRerank(Method):
         scores = score_answers(members, states, answers, n, mode, request.chat)
         # 3. choose
         w = torch.tensor(weights, dtype=torch.float32)
-        cost = meter.cost()
-        outs = []
+        chosen, traces = [], []
         for b in range(len(request.prompts)):
             mean = combine_scores(scores[b], w)
             best = int(torch.argmax(mean))  # first maximum: the lead's answers come first
             for c, x in enumerate(answers[b]):
                 x.scores = [round(float(v), 4) for v in scores[b][:, c]]
                 x.mean = round(float(mean[c]), 4)
-            a = answers[b][best]
-            n_lead = a.tokens
-            if n_lead is None:
-                n_lead = len(members[lead].encode(a.text)) + (1 if a.finish == "eos" else 0)
-            out = GenerationOutput(a.text, n_lead, a.finish, cost if b == 0 else Cost())
-            out.trace = RerankTrace(METHOD, mode, n, best, [mm.name for mm in members], answers[b])
-            out.stats = {"distinct_answers": len(answers[b])}
-            outs.append(out)
-        return split_batch_cost(outs)
+            chosen.append(answers[b][best])
+            traces.append(RerankTrace(METHOD, mode, n, best, [mm.name for mm in members], answers[b]))
+        lead_tokens = [a.tokens if a.tokens is not None else
+                       len(members[lead].encode(a.text)) + (1 if a.finish == "eos" else 0) for a in chosen]
+        return batch_outputs(meter.cost(), [a.text for a in chosen], lead_tokens, [a.finish for a in chosen],
+                             traces=traces, stats=[{"distinct_answers": len(a)} for a in answers])
 
 
 def generate(members: Sequence[Member], prompts: Sequence[str], **kwargs: Any) -> list[GenerationOutput]:

@@ -45,8 +45,9 @@ from adafuse.methods.base import GenerationRequest, Method, register_method, run
 from runtime.errors import ConfigError
 from runtime.forward_group import run_members
 from runtime.member import Member
-from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
-from runtime.sampling import on_generator
+from runtime.finish import FinishRule
+from runtime.outputs import Cost, CostMeter, GenerationOutput, batch_outputs
+from runtime.sampling import draw
 from runtime.text_state import MemberText
 
 METHOD = "token-union"
@@ -271,7 +272,7 @@ class _UnionRun:
         self.fusion = options.fusion
         self.fuse = (functools.partial(fuse_contrastive, lead=lead, beta=options.beta, alpha=options.alpha)
                      if options.fusion == "contrastive" else fuse_union)  # (member_probs, weights) -> fused
-        self.stop, self.max_new_tokens = request.stop, request.max_new_tokens
+        self.max_new_tokens = request.max_new_tokens
         self.temperature = request.temperature
         B = len(request.prompts)
         self.gens = request.sampling.generators(B, "cpu")
@@ -279,7 +280,8 @@ class _UnionRun:
         self.vocabs = [vocab_of(m) for m in members]
         self.texts = ["" for _ in range(B)]
         self.steps: list[list[UnionStep]] = [[] for _ in range(B)]
-        self.finish: list[str | None] = [None] * B
+        self.rule = FinishRule(members[lead], B, request.stop, request.max_new_tokens)  # `runtime.finish`
+        self.finish: list[str | None] = self.rule.reasons  # why each row finished (None: running)
         self.lead_tokens = [0] * B
         self.lead_fallbacks = [0] * B
         self.pending: list[tuple[int, list[int]] | None] = [None] * B  # (member, its tokens) of a character
@@ -288,8 +290,7 @@ class _UnionRun:
         if self.temperature == 0:
             return int(torch.as_tensor(dist).argmax())
         q = torch.as_tensor(dist, dtype=torch.float64)
-        gen = self.gens[b] if self.gens else None
-        return int(torch.multinomial(on_generator(q, gen), 1, generator=gen))
+        return draw(q, self.gens[b] if self.gens else None)
 
     def run(self) -> None:
         warm_t = 1.0 if self.temperature == 0 else float(self.temperature)
@@ -315,11 +316,11 @@ class _UnionRun:
         new_text = self.texts[b] + piece
         start = len(self.texts[b])
         self.texts[b], self.lead_tokens[b] = new_text, n_lead
-        cut = self.stop.cut(new_text, start)
-        if cut is not None:
-            self.finish[b], self.texts[b] = "stop", new_text[:cut]
+        cut = self.rule.after_text(b, new_text, start)
+        if cut is not None:  # (the rule has finished the row: "stop")
+            self.texts[b] = new_text[:cut]
         elif n_lead >= self.max_new_tokens:
-            self.finish[b] = "length"
+            self.rule.finish(b, "length")
         else:
             self.pieces[b] = piece
             self.own[self.lead][b] = lead_tok
@@ -335,7 +336,8 @@ class _UnionRun:
             step.piece = member.decode(ids)
             self.texts[b] += step.piece
             self.lead_tokens[b] += len(ids) + 1 if is_lead else 0
-            self.finish[b], self.pending[b] = "eos", None
+            self.rule.finish(b, "eos")
+            self.pending[b] = None
             return
         ids.append(tok)
         piece = member.decode(ids)
@@ -344,7 +346,8 @@ class _UnionRun:
             if is_lead and n_lead >= self.max_new_tokens:
                 step.piece = piece
                 self.texts[b], self.lead_tokens[b] = self.texts[b] + piece, n_lead
-                self.finish[b], self.pending[b] = "length", None
+                self.rule.finish(b, "length")
+                self.pending[b] = None
             else:
                 self.own[m_c][b] = tok
             return
@@ -377,7 +380,7 @@ class _UnionRun:
         agree = sum(1 for m in range(M) if tops[m] and next(iter(tops[m])) == key)
         self.steps[b].append(UnionStep(key, round(fused[choice], 4), len(keys), agree))
         if key is EOS:
-            self.finish[b] = "eos"
+            self.rule.finish(b, "eos")
             self.lead_tokens[b] += 1
             return
         if isinstance(key, tuple):  # an incomplete character: its member goes on alone
@@ -387,7 +390,8 @@ class _UnionRun:
             if m_c == lead and self.lead_tokens[b] + 1 >= self.max_new_tokens:
                 step.piece = self.members[m_c].decode([tok])
                 self.texts[b] += step.piece
-                self.lead_tokens[b], self.finish[b] = self.lead_tokens[b] + 1, "length"
+                self.lead_tokens[b] += 1
+                self.rule.finish(b, "length")
                 return
             self.pending[b] = (m_c, [tok])
             self.own[m_c][b] = tok
@@ -401,16 +405,14 @@ class _UnionRun:
         self.commit(b, key, lead_tok, n_lead)
 
     def outputs(self, cost: Cost) -> list[GenerationOutput]:
-        B = len(self.texts)
-        outs = [GenerationOutput(self.texts[b], self.lead_tokens[b], self.finish[b], cost if b == 0 else Cost())
-                for b in range(B)]
-        outs = split_batch_cost(outs)
-        for b, out in enumerate(outs):
-            out.trace = UnionTrace(METHOD, self.top_k, self.missing, self.members[self.lead].name, self.steps[b],
-                                   self.fusion)
-            out.stats = {"steps": len(self.steps[b]), "lead_text_fallbacks": self.lead_fallbacks[b],
-                         "tokens_refed": {m.name: mt.tokens_refed for m, mt in zip(self.members, self.mts)}}
-        return outs
+        rows = range(len(self.texts))
+        refed = {m.name: mt.tokens_refed for m, mt in zip(self.members, self.mts)}
+        return batch_outputs(
+            cost, self.texts, self.lead_tokens, self.finish,
+            traces=[UnionTrace(METHOD, self.top_k, self.missing, self.members[self.lead].name, self.steps[b],
+                               self.fusion) for b in rows],
+            stats=[{"steps": len(self.steps[b]), "lead_text_fallbacks": self.lead_fallbacks[b], "tokens_refed": refed}
+                   for b in rows])
 
 
 @register_method

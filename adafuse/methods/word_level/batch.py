@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from adafuse.methods.word_level.records import EOS_KEY, Round
+from runtime.finish import FinishRule
 from runtime.forward_group import run_members
 from runtime.member import Member, make_generators
 from runtime.stopping import StopStrings
@@ -42,7 +43,8 @@ class Batch:
         self.texts = ["" for _ in range(n)]
         self.units: list[list[str]] = [[] for _ in range(n)]
         self.pending = [["" for _ in range(n)] for _ in members]
-        self.finish: list[str | None] = [None] * n
+        self.rule = FinishRule(members[lead], n, stop, max_new_tokens)  # the one finish rule (`runtime.finish`)
+        self.finish: list[str | None] = self.rule.reasons  # why each row finished (None: running)
         self.streak = [0] * n
         self.traces: list[list[Round]] = [[] for _ in range(n)]
         self.gens = make_generators(n, seed, members[lead].device)
@@ -95,10 +97,9 @@ class Batch:
         for m in range(len(self.views)):
             if m not in held_by:
                 self.pending[m][b] += unit
-        cut = self.stop.cut(self.texts[b], start)
-        if cut is not None:
+        cut = self.rule.after_text(b, self.texts[b], start)
+        if cut is not None:  # (the rule has finished the row: "stop")
             self.truncate(b, cut)
-            self.finish[b] = "stop"
 
     def truncate(self, b: int, cut: int) -> None:
         """Cut row b's text (and its units and trace) at character `cut`."""
@@ -124,4 +125,9 @@ class Batch:
     def check_length(self, b: int) -> None:
         """Finish row b with "length" once its text has `max_new_tokens` lead tokens."""
         if self.finish[b] is None and self.lead_tokens(b) >= self.max_new_tokens:
-            self.finish[b] = "length"
+            self.rule.finish(b, "length")
+
+    def end_at_eos(self, b: int) -> None:
+        """Finish row b: the lead's EOS (chosen confidently, or won an ensembled word)."""
+        if self.finish[b] is None:
+            self.rule.finish(b, "eos")

@@ -385,7 +385,7 @@ class EnsembledWord:
                                          proposal.lead_word.get(b)))
             batch.streak[b] = 0
             if chosen.eos:
-                batch.finish[b] = "eos"
+                batch.end_at_eos(b)
                 continue
             batch.commit(b, chosen.text, held_by=holders[b])
             batch.check_length(b)

@@ -16,7 +16,7 @@ from adafuse.methods.word_level.options import WordConfig
 from adafuse.methods.word_level.records import Round, round_stats
 from runtime.errors import ConfigError
 from runtime.member import Member
-from runtime.outputs import Cost, CostMeter, GenerationOutput, split_batch_cost
+from runtime.outputs import CostMeter, GenerationOutput, batch_outputs
 from runtime.stopping import StopStrings
 from runtime.text_state import MemberText
 
@@ -122,13 +122,9 @@ class WordFusion:
             self.step()
             if on_step is not None:
                 on_step(self)
-        total = meter.cost()
-        outs = []
-        for b in range(len(self.texts)):
-            outs.append(GenerationOutput(self.texts[b], self.lead_tokens(b), self.finish[b],
-                                         total if b == 0 else Cost(), trace=self.traces[b],
-                                         stats=round_stats(self.traces[b], self.texts[b])))
-        return split_batch_cost(outs)
+        rows = range(len(self.texts))
+        return batch_outputs(meter.cost(), self.texts, [self.lead_tokens(b) for b in rows], self.finish,
+                             traces=self.traces, stats=[round_stats(self.traces[b], self.texts[b]) for b in rows])
 
 
 class _WordLevel(Method):

@@ -129,8 +129,8 @@ class LeadDecoder:
                     trace[-1].chosen = EOS_KEY if run.eos else None
                 batch.streak[b] += 1
                 batch.commit(b, text, held_by=(batch.lead,))
-            if run.eos and batch.finish[b] is None:
-                batch.finish[b] = "eos"
+            if run.eos:
+                batch.end_at_eos(b)
             batch.check_length(b)
 
     # ---- plain lead ------------------------------------------------------------------------
