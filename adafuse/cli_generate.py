@@ -55,9 +55,34 @@ def check_args(args: argparse.Namespace) -> None:
             check_spec(model)  # another tokenizer is fine: it drafts through text (TextDrafter)
 
 
+SPECULATIVE_FLAGS = ("drafter", "scheme", "drafts", "depth", "stop_below", "verifier")
+
+
+def _given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
+    """The flags among `dests` that were given (their value is not the unset default)."""
+    return ["--" + d for d in dests if getattr(args, d, None) not in (None, False)]
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every flag given must apply: the speculative flags to --model (members take --drafters), the
+    ensemble flags to --members. A flag that would be ignored is a one-line ConfigError."""
+    if args.members:
+        stray = _given(args, SPECULATIVE_FLAGS)
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} to one --model; an "
+                              f"ensemble's members take --drafters "
+                              f"(one per member, e.g. --drafters lookup,,lookup)")
+    else:
+        stray = _given(args, ensemble_cli.ENSEMBLE_FLAGS)
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} {'applies' if len(stray) == 1 else 'apply'} to an ensemble "
+                              f"(--members A,B,...), not to one --model")
+
+
 def run(args: argparse.Namespace) -> int:
     if bool(args.model) == bool(args.members):
         raise AdafuseError("give exactly one of --model NAME or --members A,B,C")
+    check_flags(args)
     check_args(args)
     if args.members:
         return ensemble_cli.run(args)

@@ -19,17 +19,19 @@ _KNOBS = ("threshold", "span", "candidates", "normalise", "calibration", "draft_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("ensemble (with --members)")
-    g.add_argument("--method", default="adafuse", choices=list(METHODS), help="ensemble method (default adafuse)")
+    g.add_argument("--method", default=None, choices=list(METHODS), help="ensemble method (default adafuse)")
     g.add_argument("--weights", help="comma-separated member weights, e.g. 1,1,2 (default equal)")
     g.add_argument("--threshold", type=float, help="gate: top-1 minus top-2 margin needed to skip ensembling (0.7)")
     g.add_argument("--span", type=int, help="max words committed without ensembling (3)")
     g.add_argument("--candidates", type=int, help="candidate words proposed per member (3)")
     g.add_argument("--normalise", choices=["token", "byte", "char", "sum"], help="candidate score normalisation (byte)")
     g.add_argument("--calibration", choices=["none", "softmax"], help="cross-member score calibration (softmax)")
-    g.add_argument("--fusion", choices=["mean", "confidence", "lead-keeps"],
-                   help="how members' votes combine at an ensembled word (mean)")
+    g.add_argument("--fusion", choices=["mean", "confidence", "lead-keeps", "contrastive"],
+                   help="how members' votes combine: at an ensembled word mean / confidence / lead-keeps (default "
+                        "mean); token-union: mean or contrastive")
     g.add_argument("--keep_margin", type=float, help="lead-keeps: margin the others must beat the lead's word by (0)")
-    g.add_argument("--lead", type=int, default=0, help="index of the lead member (gate, confident words, EOS)")
+    g.add_argument("--lead", type=int, default=None, help="index of the lead member (gate, confident words, EOS; "
+                                                          "default 0)")
     g.add_argument("--drafters", help="comma-separated drafter per member: lookup, a model name, or empty/none")
     g.add_argument("--draft_candidates", choices=["model-free", "all", "off"],
                    help="which members' drafters also draft their candidate words (model-free: prompt lookup only)")
@@ -52,6 +54,11 @@ def parse_drafters(text: str | None, n: int) -> list[str | None] | None:
     if len(items) != n:
         raise ConfigError(f"--drafters needs one entry per member ({n}), got {len(items)}: '{text}'")
     return [None if x in ("", "none", "-") else x for x in items]
+
+
+# flags of this group, by destination, that mean nothing without --members
+ENSEMBLE_FLAGS = ("method", "weights", "threshold", "span", "candidates", "normalise", "calibration", "fusion",
+                  "keep_margin", "lead", "drafters", "draft_candidates", "show_trace")
 
 
 def mark_units(out: Any, use_ansi: bool) -> str:
@@ -102,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
 
     members = split_members(args.members)
     knobs = {k: getattr(args, k) for k in _KNOBS if getattr(args, k, None) is not None}
-    ens = Ensemble(members, method=args.method, weights=_floats(args.weights, "--weights"),
-                   drafters=parse_drafters(args.drafters, len(members)), lead=args.lead, dtype=args.dtype,
+    ens = Ensemble(members, method=args.method or "adafuse", weights=_floats(args.weights, "--weights"),
+                   drafters=parse_drafters(args.drafters, len(members)), lead=args.lead or 0, dtype=args.dtype,
                    chat=False if args.raw else None, **knobs)
     outs = ens.generate(args.prompt, max_new_tokens=args.max_new_tokens, stop=args.stop,
                         temperature=args.temperature, seed=args.seed)

@@ -224,6 +224,10 @@ def ensemble_table(rows: list[dict[str, Any]], n_resamples: int = 1000) -> str:
             for base, label in ((own, "its best member"), (overall, "best single of the table")):
                 if base is None or (label != "its best member" and base is own):
                     continue
+                pool = [s for s in singles if s["members"][0] in ens["members"]] if base is own else singles
+                tied = _ties(base, pool)
+                if tied:  # every one of them would be "the best": say so rather than name the first listed
+                    label += f", tied with {tied} other{'s' if tied > 1 else ''}"
                 diffs, (w, t, l) = compare_runs(get_task(task).metric_list, _records(ens), _records(base),
                                                 n_resamples=n_resamples)
                 cells = [_diff(d) for d in diffs]
@@ -271,9 +275,21 @@ def word_table(rows: list[dict[str, Any]], baseline: str | None = None) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+MIN_PAIRED_N = 10  # fewer paired examples: the difference is shown without an interval or a star
+
+
 def _diff(d) -> str:
     k, star = scale(d.metric), "*" if d.significant else ""
+    if d.n < MIN_PAIRED_N:
+        return f"{d.metric} {d.diff * k:+.1f} (n={d.n}: too few for an interval)"
     return f"{d.metric} {d.diff * k:+.1f} [{d.ci_low * k:+.1f}, {d.ci_high * k:+.1f}]{star}"
+
+
+def _ties(best: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+    """How many other runs of `rows` score exactly as `best` on every metric (a tie `_best` broke by order)."""
+    def values(r: dict[str, Any]) -> list:
+        return [r.get("score")] + [m.get("value") for m in (r.get("metrics") or {}).values() if isinstance(m, dict)]
+    return sum(1 for r in rows if r is not best and values(r) == values(best))
 
 
 def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: str = "wall_s",

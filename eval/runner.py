@@ -126,9 +126,46 @@ def summarize(run: RunSpec, spec: TaskSpec, records: list[dict], *, bootstrap: i
 
 
 def _progress(total: int, initial: int, desc: str, enabled: bool):
+    """A progress bar on a terminal; in a log (stderr not a terminal) a plain line at most once a
+    minute and at the end (`LineProgress`), not a bar redrawn with carriage returns."""
+    import sys
+
+    if enabled and not sys.stderr.isatty():
+        return LineProgress(total, initial, desc)
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True, unit="ex")
+
+
+class LineProgress:
+    """tqdm's `update` / `set_postfix` / `close`, printed as whole lines (for logs)."""
+
+    def __init__(self, total: int, initial: int, desc: str, every_s: float = 60.0):
+        self.total, self.n, self.desc, self.every_s = total, initial, desc, every_s
+        self.t0 = self.last = time.perf_counter()
+        self.start = self.printed = initial
+        self.postfix = ""
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.perf_counter() - self.last >= self.every_s or self.n >= self.total:
+            self._line()
+
+    def set_postfix(self, values: dict[str, Any]) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def close(self) -> None:
+        if self.n != self.printed:
+            self._line()
+
+    def _line(self) -> None:
+        import sys
+
+        self.last, self.printed = time.perf_counter(), self.n
+        done = self.n - self.start
+        rate = f", {(self.last - self.t0) / done:.1f} s/ex" if done else ""
+        print(f"{self.desc}: {self.n}/{self.total} ex{rate}{', ' + self.postfix if self.postfix else ''}",
+              file=sys.stderr, flush=True)
 
 
 def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_generator: Callable[[], Generator],
@@ -153,7 +190,7 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
         records = [done[d["id"]] for d in docs if d["id"] in done]
         bar = _progress(len(docs), len(records), f"{run.name}/{task.name}", progress)
         if records:
-            bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
+            bar.set_postfix(_running(task, records))
         try:
             if todo:
                 _generate(run, spec, todo, shots, pred_path, get_generator(), seed, batch_size, records, bar)
@@ -196,8 +233,17 @@ def _generate(run: RunSpec, spec: TaskSpec, todo: list[Doc], shots: list[Doc], p
                 append_line(f.fileno(), json.dumps(rec, ensure_ascii=False) + "\n", pred_path)
                 records.append(rec)
             bar.update(len(batch))
-            bar.set_postfix({task.primary_metric: f"{task.running_score(records):.3f}"})
+            bar.set_postfix(_running(task, records))
             trimmer.maybe()
+
+
+def _running(task, records: list[dict]) -> dict[str, str]:
+    """The primary metric so far, on the scale the tables print (percent for accuracy-type metrics)."""
+    from eval.report import scale
+
+    k = scale(task.primary_metric)
+    return {task.primary_metric: f"{task.running_score(records) * k:.1f}" if k != 1 else
+            f"{task.running_score(records):.2f}"}
 
 
 def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -> dict[str, Any]:

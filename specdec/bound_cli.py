@@ -371,8 +371,7 @@ def run(args) -> int:
         raise ConfigError(f"unknown or unsupported verifiers {unknown}; choose from {DEFAULT_METHODS}")
     if args.num_prompts < 1 or args.positions < 1:
         raise ConfigError("--num_prompts and --positions must be positive")
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(args.output_dir)  # (made once there is something to write: bad input leaves no folder)
     t0 = time.perf_counter()
     if args.source == "fake":
         prompts = fake_pairs(args.num_prompts, args.positions, args.fake_vocab, args.seed)
@@ -381,6 +380,7 @@ def run(args) -> int:
         cache = Path(args.cache_dir) if args.cache_dir else out_dir / "cache"
         prompts = collect(args, load_prompts(root, args.num_prompts), cache)
     pairs = list(positions_of(prompts))
+    out_dir.mkdir(parents=True, exist_ok=True)
     t1 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, args.threads))
