@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -122,6 +123,8 @@ def summarize(run: RunSpec, spec: TaskSpec, records: list[dict], *, bootstrap: i
         "tokens_processed_per_example": round(sum(tok.values()) / n, 3) if n else None,
         "num_fewshot": task.num_fewshot, "max_new_tokens": spec.max_new_tokens, "temperature": spec.temperature,
         "finish_reasons": {k: sum(r["finish_reason"] == k for r in records) for k in sorted({r["finish_reason"] for r in records})},
+        # >1: the records come from several processes (a resumed run): its wall-time figures mix them
+        "processes": len({r.get("proc") for r in records}),
     }
 
 
@@ -246,6 +249,10 @@ def _running(task, records: list[dict]) -> dict[str, str]:
             f"{task.running_score(records):.2f}"}
 
 
+# which process wrote a record: a resumed run's wall-time figures mix processes (and machine loads)
+PROCESS = f"{os.getpid()}-{int(time.time())}"
+
+
 def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -> dict[str, Any]:
     extracted = task.extract(out.text)
     scores, stats = task.score(extracted, doc)
@@ -255,6 +262,7 @@ def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -
         "score": scores[task.primary_metric], "scores": scores, "stats": stats,
         "num_tokens": out.num_tokens, "finish_reason": out.finish_reason, "cost": cost,
         "wall_s": round(wall_s, 6),  # measured around generate(), batch time split evenly
+        "proc": PROCESS,
         **({"gen_stats": out.stats} if out.stats else {}),
     }
 
@@ -297,8 +305,10 @@ def _evaluate_runs(cfg: EvalConfig, data_dir: Path, out: Path, progress: bool, l
                 continue
             if log:
                 lo, hi = metrics["ci95"]
+                mixed = (f" (records from {metrics['processes']} processes: its time and cost figures mix them)"
+                         if metrics.get("processes", 1) > 1 else "")
                 log(f"{run.name}/{spec.name}: {metrics['primary_metric']} = {_fmt(metrics['score'])} "
-                    f"[{_fmt(lo)}, {_fmt(hi)}] n={metrics['n']} -> {folder / METRICS}")
+                    f"[{_fmt(lo)}, {_fmt(hi)}] n={metrics['n']} -> {folder / METRICS}{mixed}")
             results.append(metrics)
     return results
 
