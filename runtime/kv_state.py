@@ -404,6 +404,17 @@ class KVState:
             self._stale.add(b)
         self._trim()
 
+    def refresh(self) -> None:
+        """Bring every row's `last_logits` up to date (rows rolled back re-feed their last token; one
+        forward for all of them, none when no row needs it)."""
+        self._refresh()
+
+    def set_next_logits(self, b: int, logits: torch.Tensor) -> None:
+        """Row b's next-token logits are known already (e.g. the target logits a speculative step
+        drew its kept last token from): record them instead of re-feeding the row's last token."""
+        self.last_logits[b] = logits
+        self._stale.discard(b)
+
     def _refresh(self) -> None:
         """Recompute `last_logits` of rolled-back rows by re-feeding their last token."""
         if not self._stale:

@@ -27,13 +27,13 @@ half the time (2-core AMD EPYC, AVX2, 2 threads, 2026-12-05: 1.5B packed 347 / 4
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
 
-from runtime.kv_state import KVState
 from runtime.finish import FinishRule
+from runtime.kv_state import KVState
 from runtime.member import Member
 from runtime.outputs import CostMeter, GenerationOutput, batch_outputs
 from runtime.sampling import SamplingParams, draw
@@ -69,6 +69,26 @@ def node_verifier(method: str, scheme: str, params: dict) -> NodeVerifier:
 # the keywords a SpeculativeGenerator takes besides target / drafter / shape (config options of a
 # speculative member), and `rho`, the one verifier parameter (k-seq); kept beside the constructor
 SPECULATIVE_OPTIONS = ("scheme", "num_drafts", "depth", "node_budget", "stop_below", "verifier", "track_alpha", "rho")
+
+
+@dataclass
+class TargetScores:
+    """The target's scores of one row's draft tree (vLLM's `SpeculativeScores`): the logits after
+    each tree node, read from the tree's forward (`forward_logits` [N, V]) at the node's forward
+    position `index[node]`, or from the row's committed last token (`last_logits` [V]) where the
+    node is the root that sits on it (index -1)."""
+
+    last_logits: torch.Tensor
+    forward_logits: torch.Tensor | None
+    index: list[int]
+
+    def logits(self, node: int) -> torch.Tensor:
+        i = self.index[node]
+        return self.last_logits if i < 0 else self.forward_logits[i]
+
+    def __repr__(self) -> str:
+        shape = None if self.forward_logits is None else tuple(self.forward_logits.shape)
+        return f"TargetScores(nodes={len(self.index)}, forward_logits={shape})"
 
 
 class SpeculativeGenerator:
@@ -171,7 +191,7 @@ class SpeculativeGenerator:
         """The decode loop: draft, score the trees in one target forward, verify, commit."""
         B = state.batch_size
         gens = list(generators) if generators is not None else [None] * B
-        state._refresh()
+        state.refresh()
         result = DecodeResult([RowResult(sources=[] if control.record_sources else None) for _ in range(B)])
         active = set(range(B)) if control.rows is None else set(control.rows)
         done = [max_new_tokens <= 0 or b not in active for b in range(B)]
@@ -188,13 +208,12 @@ class SpeculativeGenerator:
                 if done[b]:
                     continue
                 index = fw[b][2]
-                node_logits = (lambda node, b=b, index=index:
-                               state.last_logits[b] if index[node] < 0 else logits[b, index[node]])
+                scores = TargetScores(state.last_logits[b], logits[b] if logits is not None else None, index)
                 room = max_new_tokens - len(result.rows[b].ids)
-                accepted, final = self._walk(trees[b], node_logits, sampling, gens[b], result.rows[b].stats, room,
+                accepted, final = self._walk(trees[b], scores, sampling, gens[b], result.rows[b].stats, room,
                                              None if root_p is None else root_p[b])
                 paths[b], pending[b], done[b] = self._emit(b, trees[b], index, accepted, final, pending[b],
-                                                           node_logits, result.rows[b], stop_row, max_new_tokens)
+                                                           scores, result.rows[b], stop_row, max_new_tokens)
             if logits is not None:
                 state.accept(paths)
         for b, row in enumerate(result.rows):
@@ -231,7 +250,8 @@ class SpeculativeGenerator:
 
     @staticmethod
     def _emit(b: int, tree: DraftTree, index: list[int], accepted: list[int], final: int, pending: int | None,
-              node_logits, row: RowResult, stop_row, max_new_tokens: int) -> tuple[list[int], int | None, bool]:
+              scores: "TargetScores", row: RowResult, stop_row, max_new_tokens: int
+              ) -> tuple[list[int], int | None, bool]:
         """Append row b's accepted tokens and its final token to `row`, stopping where `stop_row`
         or `max_new_tokens` says. Returns (forward positions of the path to commit, the new pending
         token or None, whether the row is done)."""
@@ -246,7 +266,7 @@ class SpeculativeGenerator:
             row.ids.append(tok)
             if row.sources is not None:
                 node = chain[j]
-                row.sources.append(node_logits(node).clone() if index[node] < 0 else node_logits(node))
+                row.sources.append(scores.logits(node).clone() if index[node] < 0 else scores.logits(node))
             stats.tokens += 1
             stop = stop_row(b, row) or len(row.ids) >= max_new_tokens
             if j < len(accepted):
@@ -258,13 +278,13 @@ class SpeculativeGenerator:
                 return path, pending, True
         return path, pending, False
 
-    def _walk(self, tree: DraftTree, node_logits: Callable[[int], torch.Tensor], sampling: SamplingParams, gen,
+    def _walk(self, tree: DraftTree, scores: "TargetScores", sampling: SamplingParams, gen,
               st: RowStats, room: int, root_p: torch.Tensor | None = None) -> tuple[list[int], int]:
-        """Verify one row's tree from the root (`node_logits(node)`: the target's logits after the
+        """Verify one row's tree from the root (`scores.logits(node)`: the target's logits after the
         node). Returns (accepted node indices, final token)."""
         node, accepted = 0, []
         while True:
-            raw = node_logits(node)
+            raw = scores.logits(node)
             kids = tree.children(node)
             if len(accepted) + 1 >= room:
                 kids = {}  # no room for more than one more token: take it from p directly

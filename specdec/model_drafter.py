@@ -133,7 +133,7 @@ class ModelDrafter(Drafter):
         active = self.sync(contexts)
         if max(row_depth, default=0) < 1 or not any(active):
             return [DraftTree() for _ in range(B)]
-        self.state._refresh()  # rows shortened to an exact prefix re-feed their last token
+        self.state.refresh()  # rows shortened to an exact prefix re-feed their last token
         stop_below = shape.stop_below if self.stop_below is None else self.stop_below
         growth = _Growth(self, shape, sampling, list(generators or [None] * B), row_depth, active)
         return growth.run(stop_below)

@@ -330,8 +330,7 @@ class LeadDecoder:
                 last[b] = sources[b][n_keep]
         state.rollback(keep)
         for b, logits in last.items():
-            state.last_logits[b] = logits
-            state._stale.discard(b)
+            state.set_next_logits(b, logits)
         if any(missing):  # a kept last token the engine left uncommitted (rare)
             state.append(missing, return_logits=False)
         return out
