@@ -30,26 +30,24 @@ from typing import Sequence
 
 import torch
 
-from runtime.counters import Counters, ModelRunner
+from runtime.counters import ModelRunner
 from runtime.errors import NonFiniteLogitsError
 from runtime.forward_group import current_group
-from runtime.hf_compat import cache_kwargs
 from runtime.logits_plan import LogitsPlan
-from runtime.lora_views import adapters_for
+from runtime.model_calls import execute_forwards
 from runtime.open_tree import OpenTree, TreeBlock
-from runtime.packed_linear import only_tokens
 from runtime.prefix_cache import ChunkKV, stacked_layer
 from runtime.sampling import logits_to_probs
-from runtime.stacked_forward import StackedRequest, enable_segmented_attention, run_stacked
 from runtime.tree_mask import TreeInputs, tree_inputs
-
 
 
 class KVState:
     """Token ids + KV cache of a batch of rows of one member. See the module docstring."""
 
     def __init__(self, member: ModelRunner, batch_size: int):
-        from runtime.kv_cache import GrowableCache  # (imports transformers: only once a state is made)
+        from runtime.kv_cache import (
+            GrowableCache,  # (imports transformers: only once a state is made)
+        )
 
         self.member = member
         self.batch_size = batch_size
@@ -466,46 +464,3 @@ class KVState:
         self.slot_pos = new_pos.to(device)
         self.slots = [list(range(len(s))) for s in self.slots]
 
-
-def _call_model(member: ModelRunner, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor, cache,
-                logits_to_keep, valid: torch.Tensor, head: torch.Tensor, compact: bool) -> tuple[torch.Tensor, bool]:
-    """`member.model(...)` on a cache inside `only_tokens(valid, head, compact)`: (logits, compacted)."""
-    with only_tokens(valid, head, compact_head=compact) as run:
-        out = member.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=True, logits_to_keep=logits_to_keep, **cache_kwargs(member.model, cache))
-    return out.logits, run.compacted
-
-
-def execute_forwards(payloads: Sequence[tuple[KVState, TreeInputs, LogitsPlan]]) -> list[tuple[torch.Tensor, bool]]:
-    """Run the forwards of states of one model — alone, or several as one stacked forward
-    (`runtime.stacked_forward`) — and count them: one forward, and every valid token, per set of
-    counters (views of a model share theirs). Returns per state (logits, compacted) as its own call
-    would."""
-    member = payloads[0][0].member
-    device = member.device
-    outs: list[tuple[torch.Tensor, bool]] | None = None
-    if len(payloads) > 1 and enable_segmented_attention(member.model):
-        requests = [StackedRequest(s.cache, x, p) for s, x, p in payloads]
-        rows, r0 = [], 0
-        for s, x, _ in payloads:  # views with a LoRA adapter: theirs on their rows (`runtime.lora_views`)
-            rows.append((r0, r0 + x.tokens.shape[0], s.member.adapter))
-            r0 += x.tokens.shape[0]
-        with adapters_for(rows):
-            outs = run_stacked(member.model, requests, member.dtype, device,
-                               lambda *args: _call_model(member, *args))
-        counted: dict[int, tuple[Counters, int]] = {}
-        for s, x, _ in payloads:
-            c = s.member.counters
-            counted[id(c)] = (c, counted.get(id(c), (c, 0))[1] + int(x.valid.sum()))
-        for c, tokens in counted.values():
-            c.count(tokens)
-        return outs
-    outs = []
-    for s, x, plan in payloads:
-        m = s.member
-        with adapters_for([(0, x.tokens.shape[0], m.adapter)]):
-            outs.append(_call_model(m, x.tokens.to(device), x.attention_mask(m.dtype, device),
-                                    x.position_ids.to(device), s.cache, plan.logits_to_keep, x.valid.to(device),
-                                    plan.head.to(device), plan.compact))
-        m.counters.count(int(x.valid.sum()))
-    return outs

@@ -57,12 +57,15 @@ class MemberText:
         self.sync([b for b, piece in enumerate(pieces) if piece])
 
     def sync(self, rows: Sequence[int] | None = None, append_as_is: dict[int, list[int]] | None = None,
-             below: dict[int, tuple[list[int], list[int]]] | None = None) -> None:
+             below: dict[int, tuple[list[int], list[int]]] | None = None,
+             then: dict[int, list[int]] | None = None) -> None:
         """Roll each given row back to the longest common prefix of cached and canonical ids and
         feed the tail, all rows in one forward. Rows in `append_as_is` instead just get those ids
         appended (a member keeping its own token for text it chose), in the same forward. `below`:
         row -> (tokens, parents) of a token tree that the same forward opens below the row's synced
-        ids (`KVState.append_open`; parent -1 = the row's last token)."""
+        ids (`KVState.append_open`; parent -1 = the row's last token). `then`: row -> ids fed after
+        the row's synced ids in the same forward, for text not committed yet (a view following its
+        lead's tokens: the next sync brings the row back to its canonical ids)."""
         rows = range(self.batch_size) if rows is None else rows
         append_as_is = append_as_is or {}
         tails: list[list[int]] = [list(append_as_is.get(b, [])) for b in range(self.batch_size)]
@@ -78,6 +81,8 @@ class MemberText:
             tails[b] = want[lcp:]
             if lcp < len(have):
                 self.tokens_refed += len(want) - lcp
+        for b, ids in (then or {}).items():
+            tails[b] = tails[b] + list(ids)
         if keep != self.state.lengths:
             self.state.rollback(keep)
         if below:

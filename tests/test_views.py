@@ -199,3 +199,25 @@ def test_a_view_with_a_lora_adapter_equals_peft(tmp_path, one_thread):
     assert torch.allclose(got_plain, plain, atol=1e-5) and torch.allclose(got_adapted, want, atol=1e-5)
     with pytest.raises(ConfigError, match="not a peft LoRA folder"):
         make_view(base, parse_view({"adapter": str(tmp_path / "missing")}))
+
+
+def test_views_following_the_leads_confident_tokens_change_no_output(views, monkeypatch, one_thread):
+    """At batch 1 the other views are fed the lead's confident tokens in the lead's own forwards
+    (no catch-up at the next ensembled word): the same texts as the lazy catch-up, with and without
+    stacking."""
+    from adafuse.methods.word_level import lead_decoder
+
+    calls = []
+    follow = lead_decoder.LeadDecoder._follow
+    monkeypatch.setattr(lead_decoder.LeadDecoder, "_follow", lambda self, f, feed: calls.append(f) or follow(self, f, feed))
+    prompt = [few_shot("what is 1 plus 5")]
+    kw = dict(max_new_tokens=40, stop=["\n"], seed=0, threshold=0.0)  # confident runs, then forced words
+    followed = run_method(get_method("adafuse"), views, prompt, **kw)[0]
+    with one_after_another():
+        followed_apart = run_method(get_method("adafuse"), views, prompt, **kw)[0]
+    assert set(calls) == {1, 2}  # both other views followed the lead
+    monkeypatch.setattr(lead_decoder, "FOLLOW_MAX_ROWS", 0)
+    calls.clear()
+    lazy = run_method(get_method("adafuse"), views, prompt, **kw)[0]
+    assert not calls and followed.text == followed_apart.text == lazy.text
+    assert any(r.kind == "confident" for r in followed.trace) and any(r.kind == "ensemble" for r in followed.trace)

@@ -25,9 +25,13 @@ from adafuse.methods.word_level.options import WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Round
 from adafuse.methods.word_level.trees import Branches, TreeBuilder, top_firsts
 from adafuse.words import word_end
+from runtime.forward_group import run_together, same_model
 from runtime.kv_state import KVState
 from runtime.sampling import SamplingParams, sample
 from specdec.config import DecodeControl
+
+
+FOLLOW_MAX_ROWS = 4  # views follow the lead's confident tokens while rows x views stay within this
 
 
 @dataclass
@@ -81,6 +85,14 @@ class LeadDecoder:
         # the lead's candidate words of rows waiting for an ensembled word, advanced in the lead's
         # forwards for the confident rows (`_decode_word`); valid until the next ensembled word
         self.branches: dict[int, Branches] = {}
+        # views of the lead's model follow its confident tokens as rows of the lead's own forwards, so
+        # they need no catch-up forward at the next ensembled word (plain lead only). Only while those
+        # forwards stay memory-bound (few rows): wider, following costs more than the lazy catch-up
+        # it saves (the outputs are the same either way)
+        views = [m for m, v in enumerate(batch.views) if m != batch.lead and same_model(v.member, self.member)]
+        small = len(batch.texts) * (1 + len(views)) <= FOLLOW_MAX_ROWS
+        self.followers = views if speculator is None and small else []
+        self._followed = False  # the followers' pending text went into a forward of this `_decode_word`
 
     def take_branches(self) -> dict[int, Branches]:
         """The lead's candidate branches advanced so far (row -> `Branches`, at the row's current
@@ -112,6 +124,9 @@ class LeadDecoder:
             view.texts[b] += text
             pieces[b] = text
         view.sync([b for b in rows if pieces[b]])
+        holders = {b: (batch.lead, *self._follow_commit(b, pieces[b])) for b in rows}
+        for f in self.followers:  # their caches hold the lead's tokens: repaired to canonical as the lead's
+            batch.views[f].sync([b for b in rows if f in holders[b] and pieces[b]])
         for b in rows:
             run = runs[b]
             for text, margin in run.words:
@@ -128,7 +143,7 @@ class LeadDecoder:
                     trace[-1].units.pop()
                     trace[-1].chosen = EOS_KEY if run.eos else None
                 batch.streak[b] += 1
-                batch.commit(b, text, held_by=(batch.lead,))
+                batch.commit(b, text, held_by=holders[b])
             if run.eos:
                 batch.end_at_eos(b)
             batch.check_length(b)
@@ -149,6 +164,7 @@ class LeadDecoder:
         batch, state = self.batch, self.view.state
         if waiting:
             self._start_branches([b for b in waiting if b not in self.branches])
+        self._followed = False
         w = _Walk(have={b: self.view.output_ids(b) for b in rows}, margin={b: margins[b] for b in rows},
                   fed={b: [] for b in rows}, words={b: [] for b in rows}, ids={b: [] for b in rows},
                   text={b: "" for b in rows}, out={}, riders=[])
@@ -182,10 +198,8 @@ class LeadDecoder:
                 waiting = list(waiting) + w.riders
                 w.riders = []
             ride = [b for b in waiting if not self.branches[b].done]
-            if ride and any(feed):
-                self._ride(state, feed, ride)
-            elif any(feed):
-                state.append(feed, return_logits=False)
+            if any(feed):
+                self._forward(state, feed, ride)
             if cut:
                 after = top2_margin(state.next_probs(1.0)).tolist()
                 still += [b for b in cut if self._at_word_start(w, b, after[b])]
@@ -257,6 +271,35 @@ class LeadDecoder:
             return "stop"
         decision = gate_decision(margin, batch.streak[b] + len(words), cfg.threshold, cfg.span, cfg.gate)
         return "confident" if decision == "confident" else "ensemble"
+
+    def _forward(self, state: KVState, feed: list[list[int]], ride: Sequence[int]) -> None:
+        """One lead forward committing `feed` (and riding the `ride` rows' branches, `_ride`) and, as
+        rows of the same forward (`runtime.forward_group`), the followers' appends of the same tokens,
+        the first time behind the text they have not been fed yet (`_follow`)."""
+        lead_op = (lambda: self._ride(state, feed, ride)) if ride else (lambda: state.append(feed, return_logits=False))
+        run_together([lead_op] + [lambda f=f: self._follow(f, feed) for f in self.followers], lambda op: op())
+        self._followed = True
+
+    def _follow(self, f: int, feed: list[list[int]]) -> None:
+        """Follower f appends the lead's fed tokens; in the call's first forward, behind its pending
+        text (synced to canonical ids in the same forward)."""
+        batch, view = self.batch, self.batch.views[f]
+        rows = []
+        if not self._followed:
+            for b, piece in enumerate(batch.pending[f]):
+                if piece:
+                    view.texts[b] += piece
+                    batch.pending[f][b] = ""
+                    rows.append(b)
+        view.sync(rows, then={b: ids for b, ids in enumerate(feed) if ids})
+
+    def _follow_commit(self, b: int, text: str) -> list[int]:
+        """The followers that hold row b's confident `text` (fed in step with the lead: their pending
+        text went first), with the text added to their views; the others get it lazily."""
+        held = [f for f in self.followers if not self.batch.pending[f][b]]
+        for f in held:
+            self.batch.views[f].texts[b] += text
+        return held
 
     def _ride(self, state: KVState, feed: list[list[int]], ride: Sequence[int]) -> None:
         """One lead forward that commits `feed` (one token per confident row) and advances the open
