@@ -123,7 +123,8 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
 
     if env["name"] not in ENVIRONMENTS:
         raise ConfigError(f"{source}: unknown env '{env['name']}' (choose one of {', '.join(ENVIRONMENTS)})")
-    make_env(env["name"], **(env.get("options") or {}))            # bad env options fail here, before loading a model
+    probe = make_env(env["name"], **(env.get("options") or {}))    # bad env options fail here, before loading a model
+    _check_stage_seeds(probe, data, train_seeds, eval_seeds, source)
     cfg = RlidConfig(source=source, output_path=Path(data["output_path"]), env_name=env["name"],
                      env_options=dict(env.get("options") or {}), memory_k=int(env.get("memory_k", 0)),
                      model=data["model"], dtype=data.get("dtype", "float32"), seed=int(data.get("seed", 0)),
@@ -145,6 +146,26 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
         if getattr(token, name):
             raise ConfigError(f"{source}: train.{name} is for the decision plane only; move it under train.decision")
     return cfg
+
+
+def _check_stage_seeds(env: Any, data: dict[str, Any], train_seeds: range, eval_seeds: range, source: str) -> None:
+    """Environments with official seed folds (`check_stage_seeds`: the TextWorldExpress games) hold
+    each stage to its fold: train and distill seeds, ensemble dev seeds, eval seeds."""
+    check = getattr(env, "check_stage_seeds", None)
+    if check is None:
+        return
+    stages = [("train", train_seeds), ("eval", eval_seeds)]
+    if (data.get("distill") or {}).get("seeds"):
+        stages.append(("distill", seed_range(data["distill"]["seeds"], (0, 0))))
+    if ((data.get("ensemble") or {}).get("dev")) is not None:
+        stages.append(("dev", seed_range(data["ensemble"]["dev"].get("seeds"), (5_000, 50))))
+    try:
+        for stage, seeds in stages:
+            check(stage, seeds)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    finally:
+        env.close()                                            # its game (and JVM, if no one else uses it)
 
 
 def _check_ensemble(e: dict[str, Any] | None, eval_seeds: range, source: str) -> None:

@@ -380,9 +380,9 @@ def test_arc_distractor_fallback_and_task_subset():
 # -- make_env -------------------------------------------------------------------------------------
 
 def test_make_env_names_options_and_errors():
-    assert ENVIRONMENTS == ("countdown", "sokoban", "arc_1d")
+    assert ENVIRONMENTS == ("countdown", "sokoban", "arc_1d", "twc", "cooking")
     for name in ENVIRONMENTS:
-        env = make_env(name)
+        env = make_env(name)       # twc / cooking start no JVM until their first reset (tests/test_rlid_textworld.py)
         assert env.name == name and env.instruction and env.max_steps >= 1
     assert make_env("countdown", operators=["+", "*"]).operators == ("+", "*")
     with pytest.raises(ConfigError) as bad_name:

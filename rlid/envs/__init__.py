@@ -1,8 +1,10 @@
 """Offline, seeded text environments with legal menus (`rlid.types.Environment`).
 
 `make_env(name, **options)` builds one of `ENVIRONMENTS`: "countdown" (`rlid.envs.countdown`),
-"sokoban" (`rlid.envs.sokoban`), "arc_1d" (`rlid.envs.arc_1d`); the options are the fields of that
-module's options dataclass. An unknown name or option, or a bad value, is a
+"sokoban" (`rlid.envs.sokoban`), "arc_1d" (`rlid.envs.arc_1d`), and the TextWorldExpress household
+games "twc" (`rlid.envs.twc`: put objects where they belong) and "cooking" (`rlid.envs.cooking`),
+which run in one Java process per Python process (`rlid.envs.textworld`); the options are the fields
+of that module's options dataclass. An unknown name or option, or a bad value, is a
 `runtime.errors.ConfigError` whose one line names it and the valid choices."""
 from __future__ import annotations
 
@@ -12,13 +14,17 @@ from typing import Any, Callable
 from runtime.errors import ConfigError
 from rlid.envs.arc_1d import Arc1DEnv, Arc1DOptions
 from rlid.envs.base import MenuEnvironment, options_from
+from rlid.envs.cooking import CookingEnv, CookingOptions
 from rlid.envs.countdown import CountdownEnv, CountdownOptions
 from rlid.envs.sokoban import SokobanEnv, SokobanOptions
+from rlid.envs.twc import TWCEnv, TWCOptions
 
 _REGISTRY: dict[str, tuple[Callable[[Any], MenuEnvironment], type]] = {
     "countdown": (CountdownEnv, CountdownOptions),
     "sokoban": (SokobanEnv, SokobanOptions),
     "arc_1d": (Arc1DEnv, Arc1DOptions),
+    "twc": (TWCEnv, TWCOptions),
+    "cooking": (CookingEnv, CookingOptions),
 }
 ENVIRONMENTS: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -38,4 +44,5 @@ def env_options(name: str) -> list[str]:
     return [f.name for f in fields(_REGISTRY[name][1])]
 
 
-__all__ = ["ENVIRONMENTS", "make_env", "env_options", "CountdownEnv", "SokobanEnv", "Arc1DEnv", "MenuEnvironment"]
+__all__ = ["ENVIRONMENTS", "make_env", "env_options", "CountdownEnv", "SokobanEnv", "Arc1DEnv", "TWCEnv", "CookingEnv",
+           "MenuEnvironment"]
