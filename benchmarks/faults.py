@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from eval.testing import make_data  # noqa: E402
 
-WALL_KEYS = {"wall_time_s", "wall_s_per_example", "tokens_per_s", "collect_s", "measure_s"}
+# wall-time fields, and how many processes wrote the records (a killed run is resumed by another)
+WALL_KEYS = {"wall_time_s", "wall_s_per_example", "tokens_per_s", "collect_s", "measure_s", "processes"}
 PRELUDE = ("import sys; from eval import testing; {register};"
            "from eval.cli import main; sys.exit(main(sys.argv[1:]))")
 

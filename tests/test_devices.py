@@ -124,6 +124,7 @@ def test_ensemble_outputs_are_the_same_with_members_running_at_once(monkeypatch)
     # (proposals: one thread per non-lead device, then the lead)
     from adafuse.ensemble import Ensemble
     from adafuse.methods.word_level import ensembled_word
+    from runtime import forward_group
     from runtime.testing import bpe_tokenizer, char_tokenizer
     from test_adafuse_helpers import spacey_member
 
@@ -140,8 +141,9 @@ def test_ensemble_outputs_are_the_same_with_members_running_at_once(monkeypatch)
         groups.append(len({device_of(i) for i in items}))
         return real(items, device_of, fn)
 
-    monkeypatch.setattr(ensembled_word, "device_key", lambda member: member.name)
-    monkeypatch.setattr(ensembled_word, "run_by_device", spy)
+    for module in (ensembled_word, forward_group):  # proposals; flush and scoring
+        monkeypatch.setattr(module, "device_key", lambda member: member.name)
+        monkeypatch.setattr(module, "run_by_device", spy)
     apart = Ensemble(members, lead=1, threshold=0.3, max_word_tokens=6).generate(prompts, **kw)
     assert max(groups) == 3
     assert 2 in groups  # the two non-lead members propose at once
