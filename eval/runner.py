@@ -21,6 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from runtime.errors import ConfigError
+from eval.vote_members import sample_records, write_member_runs
 from runtime.files import append_line, write_json_atomic, write_text_atomic
 from runtime.heap import HeapTrimmer
 from runtime.outputs import GenerationOutput
@@ -207,6 +208,8 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
         order = {d["id"]: i for i, d in enumerate(docs)}
         records.sort(key=lambda r: order[r["id"]])  # same order (and bootstrap draws) whether resumed or not
         metrics = summarize(run, spec, records, bootstrap=bootstrap, seed=seed)
+        write_member_runs(folder, run, spec, records, lambda r, sp, recs: summarize(r, sp, recs, bootstrap=bootstrap,
+                                                                                     seed=seed))
         write_json_atomic(folder / METRICS, metrics)
         return metrics
 
@@ -264,6 +267,8 @@ def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -
         "wall_s": round(wall_s, 6),  # measured around generate(), batch time split evenly
         "proc": PROCESS,
         **({"gen_stats": out.stats} if out.stats else {}),
+        # answer-level methods: every written answer, scored (`eval.vote_members`)
+        **({"samples": sample_records(task, doc, out.trace.samples)} if hasattr(out.trace, "samples") else {}),
     }
 
 

@@ -34,6 +34,9 @@ __all__ = ["END_OF_TURN_TOKENS", "Counters", "Member", "load_member", "make_gene
            "resolve_dtype"]
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>")
+# the end of a document: ends a row in raw-text prompts too (a raw prompt's continuation past it is a
+# new, unrelated document; Qwen's generation config names only <|im_end|>)
+END_OF_TEXT_TOKENS = ("<|endoftext|>",)
 
 
 class Member:
@@ -89,8 +92,9 @@ class Member:
                 ids.add(value)
             elif isinstance(value, (list, tuple)):
                 ids.update(int(v) for v in value)
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[t] for t in END_OF_TEXT_TOKENS if t in vocab)
         if self.use_chat_template:
-            vocab = self.tokenizer.get_vocab()
             ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
         return ids
 

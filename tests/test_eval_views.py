@@ -100,3 +100,27 @@ def test_lm_eval_members_take_views_but_not_their_exemplars():
     assert args.members == [M, f"{M}[chat=false;system=Be brief.]"]
     with pytest.raises(ConfigError, match="cannot choose its exemplars"):
         LMArgs.parse(members=f"{M}+{M}[shots=0:2]")
+
+
+def test_a_view_vote_run_writes_each_members_own_run_and_the_report_pairs_them(tmp_path, data, tiny_models, one_thread):
+    views = [M, f"{M}[shots=2:4]", f"{M}[shots=4:6,chat=false]"]
+    runs = [{"name": "vote", "method": "view-vote", "members": views},
+            *({"name": f"alone{i}", "method": "single", "members": [v]} for i, v in enumerate(views))]
+    cfg = config(data, tmp_path / "out", runs, dtype="float32")
+    cfg["tasks"][0]["generation"]["max_new_tokens"] = 12
+    evaluate(parse_config(cfg), progress=False, log=None)
+    task_dir = tmp_path / "out" / "vote" / "gsm8k"
+    vote = [json.loads(line) for line in (task_dir / "predictions.jsonl").open()]
+    assert [s["by"] for s in vote[0]["samples"]] == views  # the lead (member 0) first, then member order
+    for i, v in enumerate(views):
+        alone = [json.loads(line) for line in (tmp_path / "out" / f"alone{i}" / "gsm8k" / "predictions.jsonl").open()]
+        derived = [json.loads(line) for line in (task_dir / "members" / v / "predictions.jsonl").open()]
+        # each member's answer inside the vote is its own greedy run (float32), scored the same
+        assert [(r["id"], r["output"], r["score"]) for r in derived] == [(r["id"], r["output"], r["score"]) for r in alone]
+        metrics = json.loads((task_dir / "members" / v / "metrics.json").read_text())
+        assert metrics["derived_from"] == "vote" and metrics["method"] == "single" and metrics["members"] == [v]
+        assert metrics["score"] == json.loads((tmp_path / "out" / f"alone{i}" / "gsm8k" / "metrics.json").read_text())["score"]
+    from eval.report import report
+
+    table, _ = report([tmp_path / "out"])
+    assert f"| vote | {M} (in vote)" not in table and f"{M}[shots=2:4] (in vote)" in table

@@ -221,3 +221,15 @@ def test_views_following_the_leads_confident_tokens_change_no_output(views, monk
     lazy = run_method(get_method("adafuse"), views, prompt, **kw)[0]
     assert not calls and followed.text == followed_apart.text == lazy.text
     assert any(r.kind == "confident" for r in followed.trace) and any(r.kind == "ensemble" for r in followed.trace)
+
+
+def test_a_raw_view_ends_at_the_end_of_text_token_as_the_chat_prompt_does():
+    # Qwen's generation config names only <|im_end|>; in a raw prompt the model ends a document with
+    # <|endoftext|>, and what follows it is a new document (GSM8K: "Human: ..." up to the length limit)
+    tok = bpe_tokenizer()
+    tok.add_special_tokens({"eos_token": "<|im_end|>"})
+    base = tiny_member("qwen2", tok, seed=1)
+    raw = make_view(base, parse_view({"chat": False}))
+    end_of_text, end_of_turn = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    assert {end_of_text, end_of_turn} <= raw.eos_token_ids
+    assert {end_of_text, end_of_turn} <= base.eos_token_ids
