@@ -1,5 +1,5 @@
 """Time `specdec.optimal_acceptance` (α*): the bucketed implementation against the previous full-sort
-one (`specdec.bound_reference`), in one process, taking turns, one thread; or (--table) per vocabulary
+one (`benchmarks/bound_reference.py`), in one process, taking turns, one thread; or (--table) per vocabulary
 size, n and scheme, beside the primal LP.
 
 Compare mode (default) at V = --vocab (262,144, gemma3's vocabulary), n = --ns (8), on:
@@ -29,7 +29,7 @@ import torch
 
 from runtime.dtype_choice import cpu_name
 from specdec import SCHEMES, optimal_acceptance
-from specdec.bound_reference import reference_optimal_acceptance
+from bound_reference import reference_optimal_acceptance  # beside this script
 from specdec.lp import lp_optimal_acceptance
 
 
@@ -124,7 +124,7 @@ def run_compare(args) -> None:
     if args.real_model:
         sources[f"real {args.real_model} (T={args.temperature:g})"] = real_pairs(args)
     print(f"CPU: {cpu_name()}; torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
-          f"old = specdec.bound_reference, new = specdec.bound; taking turns; medians over {args.repeats} "
+          f"old = benchmarks/bound_reference.py, new = specdec.bound; taking turns; medians over {args.repeats} "
           f"repeat(s) (synthetic) and over positions × {args.real_repeats} (real)\n")
     print("| pair | positions | V | n | scheme | median α* | old ms | new ms | old / new | max abs(new − old) |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")

@@ -15,7 +15,7 @@
   the minimum (`specdec.bound_without`). |error| on α* ~1e-10 (quadrature).
 
 All computation is float64. Tokens with q = 0 never enter an optimal H (they add p and no Q).
-The previous full-sort implementation is `specdec.bound_reference` (tests compare the two).
+The previous full-sort implementation is `benchmarks/bound_reference.py`, outside the package (tests compare the two).
 """
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""The bucketed α* (specdec.bound) against the previous full-sort implementation (specdec.bound_reference)
+"""The bucketed α* (specdec.bound) against the previous full-sort implementation (benchmarks/bound_reference.py)
 to 1e-9, and against exact oracles where the reference itself loses precision."""
 from __future__ import annotations
 
 import itertools
 import math
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +14,11 @@ import torch
 from specdec import bound_without
 from specdec.bound import optimal_acceptance
 from specdec.bound_buckets import NUM_BUCKETS, ratio_buckets, window
-from specdec.bound_reference import _sorted_support, reference_optimal_acceptance
 from specdec.drafts import to_float64
 from specdec.lp import brute_force_acceptance
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # research code, not the library
+from bound_reference import _sorted_support, reference_optimal_acceptance  # noqa: E402
 
 SCHEMES = ("with", "without", "greedy")
 
