@@ -233,3 +233,21 @@ def test_a_raw_view_ends_at_the_end_of_text_token_as_the_chat_prompt_does():
     end_of_text, end_of_turn = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     assert {end_of_text, end_of_turn} <= raw.eos_token_ids
     assert {end_of_text, end_of_turn} <= base.eos_token_ids
+
+
+@pytest.mark.parametrize("method, options", [("adafuse", {"threshold": 0.3}), ("token-union", {}), ("view-vote", {})])
+def test_views_of_a_real_model_together_equal_one_after_another(smollm2, method, options):
+    # smollm2-135m in float32: three views (its default chat prompt, other exemplars, raw text) as rows
+    # of one batch write exactly what they write one after another
+    views = [smollm2, make_view(smollm2, parse_view({"shots": "2:4"})),
+             make_view(smollm2, parse_view({"shots": "0:2", "chat": False}))]
+    prompts = [few_shot(q) for q in ("what is 3 plus 4", "what is 6 times 2")]
+    kw = dict(max_new_tokens=16, stop=["\n"], seed=0, **options)
+    together = run_method(get_method(method), views, prompts, **kw)
+    with one_after_another():
+        apart = run_method(get_method(method), views, prompts, **kw)
+    assert [o.text for o in together] == [o.text for o in apart]
+    assert all(o.text.strip() for o in together)
+    if method == "adafuse":
+        assert [[r.kind for r in o.trace] for o in together] == [[r.kind for r in o.trace] for o in apart]
+        assert any(r.kind == "ensemble" for o in together for r in o.trace)  # the views did fuse words
