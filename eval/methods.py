@@ -181,6 +181,36 @@ def build_generator(method: str, members: list[str], **options: Any) -> Generato
     return generator
 
 
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def release_models(runs_left: list[tuple[str, list[str], dict[str, Any]]]) -> int:
+    """Free the models no run left needs (`runs_left`: (method, members, options) of the runs still
+    to come; drafters named in options count): their cached generators and loaded members go, and
+    the freed heap goes back to the OS. An eval of many runs then holds at most the models of the run
+    at hand and those later runs share with it. Returns how many models were let go."""
+    import gc
+
+    from runtime.heap import release_free_heap
+    from runtime.loader import model_key
+
+    keep = {model_key(s) for _, members, options in runs_left for s in [*members, *_strings(options)]}
+    for key in [k for k in _GENERATOR_CACHE if not {model_key(m) for m in k[1]} <= keep]:
+        del _GENERATOR_CACHE[key]
+    gone = default_loader().release(keep)
+    if gone:
+        gc.collect()
+        release_free_heap()
+    return gone
+
+
 def clear_caches() -> None:
     """Forget loaded members and generators (tests)."""
     default_loader().clear()

@@ -31,7 +31,7 @@ from eval.data import Doc, resolve_data_dir
 from eval.folder_lock import hold, hold_all
 from eval.predictions import PREDICTIONS, read_predictions
 from eval.batch_fit import batch_parts, generate_in_parts
-from eval.methods import Generator, build_generator
+from eval.methods import Generator, build_generator, release_models
 
 __all__ = ["METRICS", "PREDICTIONS", "SETUP", "evaluate", "read_predictions", "run_task", "summarize"]
 
@@ -292,7 +292,9 @@ def evaluate(cfg: EvalConfig, *, progress: bool = True, log: Callable[[str], Non
 def _evaluate_runs(cfg: EvalConfig, data_dir: Path, out: Path, progress: bool, log: Callable[[str], None] | None,
                    shard: tuple[int, int] | None) -> list[dict[str, Any]]:
     results = []
-    for run in cfg.runs:
+    for i, run in enumerate(cfg.runs):
+        # models no run from here on needs are freed (a config of many runs holds few models at once)
+        release_models([(r.method, r.members, r.options) for r in cfg.runs[i:]])
         cache: dict[str, Generator] = {}
 
         def get_generator(run: RunSpec = run) -> Generator:  # built only when there is work left

@@ -120,6 +120,24 @@ class MemberLoader:
         self._members.clear()
         self._views.clear()
 
+    def release(self, keep: set[str]) -> int:
+        """Forget the cached members (and their views) whose model is not in `keep` (model keys as
+        `model_key` gives them); returns how many models were let go."""
+        gone = [k for k in self._members if k[0] not in keep]
+        for k in gone:
+            del self._members[k]
+        alive = {id(m) for m in self._members.values()}
+        for k in [k for k in self._views if k[1] not in alive]:
+            del self._views[k]
+        return len(gone)
+
+
+def model_key(spec: str) -> str:
+    """The cache key of the model a member or drafter spec names: views, a drafter's `@dtype` and a
+    `hybrid:` prefix reduced to the model (registry names as given, local folders as absolute paths)."""
+    name = str(model_of(spec)).split("@")[0]
+    return _spec_key(name.split(":", 1)[1] if name.startswith("hybrid:") else name)
+
 
 _default: MemberLoader | None = None
 

@@ -41,7 +41,8 @@ def _launch(cfg: Path, tmp: Path, *extra: str) -> subprocess.Popen:
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
-    launcher = shutil.which("accelerate")
+    beside = Path(sys.executable).parent / "accelerate"  # this interpreter's environment, activated or not
+    launcher = str(beside) if beside.is_file() else shutil.which("accelerate")
     assert launcher, "accelerate is a dependency: its launcher must be installed"
     return subprocess.Popen([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",

@@ -124,3 +124,28 @@ def test_a_view_vote_run_writes_each_members_own_run_and_the_report_pairs_them(t
 
     table, _ = report([tmp_path / "out"])
     assert f"| vote | {M} (in vote)" not in table and f"{M}[shots=2:4] (in vote)" in table
+
+
+def test_an_eval_frees_each_model_after_the_last_run_that_needs_it(tmp_path, data, tiny_models):
+    from runtime.loader import default_loader
+
+    runs = [{"name": "a", "method": "single", "members": [M]},
+            {"name": "b", "method": "single", "members": ["tiny-other"]},
+            {"name": "c", "method": "single", "members": [f"{M}[shots=2:4]"]},   # a view: M's weights again
+            {"name": "d", "method": "single", "members": ["tiny-third"]}]
+    seen: list[list[str]] = []
+    real = default_loader().release
+
+    def spy(keep):
+        gone = real(keep)
+        seen.append(sorted(m.name for m in default_loader().cached()))
+        return gone
+
+    default_loader().release = spy
+    try:
+        evaluate(parse_config(config(data, tmp_path / "out", runs)), progress=False, log=None)
+    finally:
+        del default_loader().release
+    assert tiny_models == [M, "tiny-other", "tiny-third"]  # M stayed loaded for run c: one load
+    # before each run: what is still held (M kept through b for c; b's model gone before c; M before d)
+    assert seen == [[], [M], [M], []]
