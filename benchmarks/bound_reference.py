@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from specdec.bound_without import _small_t_sum  # the same series as the library's
 from specdec.drafts import check_n, check_pair, check_scheme, greedy_residual_draft, greedy_set, to_float64
 
 # trapezoid step in u = log t: the integrand's transition sharpens like sqrt(n), so the step shrinks
@@ -137,22 +138,6 @@ def q_without_prefixes(q_sorted: torch.Tensor, r: torch.Tensor, n: int) -> torch
     support_count = torch.arange(1, v, dtype=torch.float64)
     out[1:v][support_count < n] = 0.0
     return out
-
-
-def _small_t_sum(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Σ_i r t_i e^{-r t_i} for each r [K] over small points t [P] (r t <= ~1.3), as a power series
-    in r with precomputed moments Σ_i t_i^{m+1}: O(K · terms) instead of O(K · P) exponentials."""
-    if t.numel() == 0:
-        return torch.zeros_like(r)
-    x_max = float(r.max()) * float(t.max())
-    terms, bound = 1, float(t.sum())
-    while bound * x_max ** terms / math.factorial(terms) > 1e-18 and terms < 60:
-        terms += 1
-    coef = [float((t ** (m + 1)).sum()) * (-1) ** m / math.factorial(m) for m in range(terms + 1)]
-    out = torch.full_like(r, coef[-1])
-    for c in reversed(coef[:-1]):
-        out = out * r + c
-    return out * r
 
 
 def _accumulate(acc: torch.Tensor, q_sorted: torch.Tensor, r: torch.Tensor, t_rest: torch.Tensor, n: int) -> None:
