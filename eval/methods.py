@@ -181,14 +181,12 @@ def build_generator(method: str, members: list[str], **options: Any) -> Generato
     return generator
 
 
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, (list, tuple)):
-        return [s for v in value for s in _strings(v)]
-    return []
+def _drafter_models(options: dict[str, Any]) -> list[str]:
+    """The models a run's `drafter` / `drafters` options load (`specdec.drafters.parse_drafter_spec`)."""
+    from specdec.drafters import parse_drafter_spec
+
+    specs = [options.get("drafter"), *(options.get("drafters") or [])]
+    return [m for m in (parse_drafter_spec(s).model for s in specs if isinstance(s, str)) if m]
 
 
 def release_models(runs_left: list[tuple[str, list[str], dict[str, Any]]]) -> int:
@@ -201,7 +199,8 @@ def release_models(runs_left: list[tuple[str, list[str], dict[str, Any]]]) -> in
     from runtime.heap import release_free_heap
     from runtime.loader import model_key
 
-    keep = {model_key(s) for _, members, options in runs_left for s in [*members, *_strings(options)]}
+    keep = {model_key(m) for _, members, _ in runs_left for m in members}
+    keep |= {model_key(d) for _, _, options in runs_left for d in _drafter_models(options)}
     for key in [k for k in _GENERATOR_CACHE if not {model_key(m) for m in k[1]} <= keep]:
         del _GENERATOR_CACHE[key]
     gone = default_loader().release(keep)

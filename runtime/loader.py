@@ -132,11 +132,10 @@ class MemberLoader:
         return len(gone)
 
 
-def model_key(spec: str) -> str:
-    """The cache key of the model a member or drafter spec names: views, a drafter's `@dtype` and a
-    `hybrid:` prefix reduced to the model (registry names as given, local folders as absolute paths)."""
-    name = str(model_of(spec)).split("@")[0]
-    return _spec_key(name.split(":", 1)[1] if name.startswith("hybrid:") else name)
+def model_key(spec: Any) -> str:
+    """The cache key of the model a member spec names (a view reduced to its model; registry names as
+    given, local folders as absolute paths)."""
+    return _spec_key(str(model_of(spec)))
 
 
 _default: MemberLoader | None = None

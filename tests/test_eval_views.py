@@ -149,3 +149,11 @@ def test_an_eval_frees_each_model_after_the_last_run_that_needs_it(tmp_path, dat
     assert tiny_models == [M, "tiny-other", "tiny-third"]  # M stayed loaded for run c: one load
     # before each run: what is still held (M kept through b for c; b's model gone before c; M before d)
     assert seen == [[], [M], [M], []]
+
+
+def test_the_models_a_runs_drafters_load_are_read_with_the_drafter_grammar():
+    from eval.methods import _drafter_models
+
+    assert _drafter_models({"drafter": "hybrid:qwen2.5-coder-0.5b@fp16"}) == ["qwen2.5-coder-0.5b"]
+    assert _drafter_models({"drafters": ["lookup", None, "smollm2-135m@int8"], "lead": 2}) == ["smollm2-135m"]
+    assert _drafter_models({"threshold": 0.3}) == []
