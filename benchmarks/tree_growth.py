@@ -1,5 +1,5 @@
 """Growing a token tree step by step: re-feeding the whole tree per step vs extending the open tree
-(`KVState.forward_tree(extend=True)`), one process.
+(`OpenTree.grow`), one process.
 
 This is what candidate-word completion (`adafuse.methods.word_level.complete_words`) and the model
 drafter (`specdec.drafters.ModelDrafter`) do: per row, a first forward holds `--drafts` draft nodes
@@ -51,12 +51,14 @@ def grow(state, rows_tokens, steps: int, branches: int, drafts: int, ends_only: 
         start = fed if extend else [0] * B
         at = [[n for n in ends[b] if n >= start[b]] for b in range(B)] if ends_only else None
         # re-feed: a fresh tree of every node; extend: the new nodes, numbered tree-wide
-        state.forward_tree([tokens[b][start[b]:] for b in range(B)], [parents[b][start[b]:] for b in range(B)],
-                           logits_at=at, extend=extend and step > 0)
+        if not (extend and step > 0):
+            tree = state.new_tree()
+        tree.add_nodes([tokens[b][start[b]:] for b in range(B)], [parents[b][start[b]:] for b in range(B)])
+        tree.grow(at)
         fed_total += sum(len(t) - s for t, s in zip(tokens, start))
         fed = [len(t) for t in tokens]
-    final = state.tree_logits(ends)
-    state.accept([[] for _ in range(B)])
+    final = tree.gather(ends)
+    tree.accept([[] for _ in range(B)])
     return fed_total, final
 
 

@@ -4,10 +4,10 @@ Operations (one model forward each, plus one that re-feeds rows rolled back befo
 
 - `append(tokens)`              commit tokens to each row, returns their logits;
 - `next_probs(...)`             next-token distribution after warping (temperature / top-k / top-p);
-- `forward_tree(tokens, parents)` + `accept(paths)`  score a token tree in one forward and keep only
-                                 the accepted path; with `extend=True` a later forward grows the open
-                                 tree by new nodes only; `append_open` commits tokens and opens a tree
-                                 below them in one forward;
+- `new_tree()` -> `OpenTree`     a token tree: `grow` feeds its new nodes in one forward (later grows
+                                 hang below it, nothing re-fed), `accept(paths)` keeps one chain per
+                                 row; `forward_tree(tokens, parents)` is a fresh tree fed at once, and
+                                 `append_open` commits tokens and opens a tree below them in one forward;
 - `score(continuations)`        log-probs of several continuations per row in one forward, no commit;
 - `rollback(lengths)`           shorten rows (the last logits are refreshed lazily);
 - `load_prefix` / `extend_without_logits`  prefill from chunk KV (`runtime.prefix_cache`).
@@ -21,8 +21,8 @@ the position id of slot j in row b, or -1 when the slot is free (padding, reject
 rolled-back tokens). Every forward builds its own 4-D masks from `slot_pos`
 (`runtime.tree_mask.tree_inputs`: tree masks, per-node positions, sliding windows), so holes cost a
 little attention but never change results; `runtime.logits_plan` says which logits it computes. Free
-slots are dropped at the end and compacted away when they dominate the cache. The open tree's
-bookkeeping is `runtime.open_tree.OpenTree`.
+slots are dropped at the end and compacted away when they dominate the cache. The open tree
+(at most one per state) is `runtime.open_tree.OpenTree`, which owns its nodes and their logits.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from runtime.errors import NonFiniteLogitsError
 from runtime.forward_group import current_group
 from runtime.logits_plan import LogitsPlan
 from runtime.model_calls import execute_forwards
-from runtime.open_tree import OpenTree, TreeBlock
+from runtime.open_tree import OpenTree
 from runtime.prefix_cache import ChunkKV, stacked_layer
 from runtime.sampling import logits_to_probs
 from runtime.tree_mask import TreeInputs, tree_inputs
@@ -57,7 +57,6 @@ class KVState:
         self.slot_pos = torch.empty(batch_size, 0, dtype=torch.long, device=member.device)
         self.last_logits: torch.Tensor | None = None  # [B, V] float32, after each row's last token
         self._tree: OpenTree | None = None
-        self._tree_serial = 0
         self._stale: set[int] = set()  # rows whose last_logits predate a rollback
 
     def __repr__(self) -> str:
@@ -204,57 +203,63 @@ class KVState:
         self._refresh()
         return logits_to_probs(self.last_logits, temperature, top_k, top_p)
 
+    # ---- open trees (`runtime.open_tree.OpenTree`) -------------------------------------------
+    def new_tree(self) -> OpenTree:
+        """A token tree over the rows' committed tokens, empty; its first `grow` opens it here
+        (discarding any tree open then), and any other operation of this state discards it."""
+        return OpenTree(self)
+
+    @property
+    def tree(self) -> OpenTree | None:
+        """The tree open in this state (None: none)."""
+        return self._tree
+
     @torch.no_grad()
-    def forward_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
-                     logits_at: Sequence[Sequence[int]] | None = None, extend: bool = False) -> torch.Tensor:
-        """Score a token tree per row in one forward, without committing. `parents[b][i]` is the
-        index of node i's parent among row b's nodes (-1: child of the last committed token).
-        Returns logits [B, N, V] (the distribution after each node). Call `accept` next.
-        With `logits_at` (per row, node indices) only those nodes get logits (the LM head is the
-        costly part with large vocabularies): returns [B, K, V], row b's k-th = node logits_at[b][k]
-        (rows with fewer repeat a valid column); `accept` can then keep, per row, a path ending at
-        one of those nodes (or none).
-        `extend=True` grows the open tree instead (a fresh one if none is open): the new nodes of
-        row b are numbered on from its n_b nodes (n_b + i for tokens[b][i]); `parents` and
-        `logits_at` use those tree-wide numbers, a parent may be any node of the tree, and the
-        returned logits are of the new nodes only ([B, N, V], row b's i-th = node n_b + i; or in
-        `logits_at` order). The nodes already fed are not fed again. `tree_logits` gathers the logits
-        of any nodes of the open tree; `accept` takes tree-wide node numbers."""
-        if not (extend and self._tree is not None):
+    def grow_tree(self, tree: OpenTree, logits_at: Sequence[Sequence[int]] | None = None) -> torch.Tensor | None:
+        """`OpenTree.grow`: feed the tree's nodes added since its last grow in one forward, hanging
+        below the nodes fed before (not fed again); returns their logits (all, or `logits_at`'s)."""
+        if tree.state is not self:
+            raise RuntimeError("grow_tree() got a tree of another state")
+        if tree.first is None:
             self._discard_tree()
             self._refresh()  # (a tree is only ever opened on fresh rows)
-        tokens = [list(t) for t in tokens]
-        parents = [list(p) for p in parents]
-        tree = self._tree
-        if tree is None:
-            n_old = [0] * self.batch_size
+        elif self._tree is not tree:
+            raise RuntimeError("this tree was discarded by another operation of its state: start a new one (new_tree())")
+        fed = tree.fed
+        tokens = [t[f:] for t, f in zip(tree.tokens, fed)]
+        parents = [p[f:] for p, f in zip(tree.parents, fed)]
+        if tree.first is None:
             local_parents, roots = parents, None
         else:
-            n_old = [len(t) for t in tree.tokens]
             local_parents, roots = tree.roots_below(self.slot_pos, tokens, parents)
-        at = None if logits_at is None else [[int(i) - n for i in row] for row, n in zip(logits_at, n_old)]
+        at = None if logits_at is None else [[int(i) - n for i in row] for row, n in zip(logits_at, fed)]
         if at is not None and any(i < 0 or i >= len(t) for row, t in zip(at, tokens) for i in row):
             raise ValueError("logits_at may only name nodes fed by this forward")
         before = self.num_slots
         logits, first = self._forward(tokens, local_parents, "all" if at is None else "at", at=at, roots=roots)
-        if tree is None:
-            self._tree_serial += 1
-            tree = self._tree = OpenTree.empty(first, len(tokens), self._tree_serial)
-        tree.add_nodes(tokens, parents, before - tree.first)
-        if logits is not None:
-            cols = ([{n_old[b] + i: i for i in range(len(t))} for b, t in enumerate(tokens)] if at is None else
-                    [{n_old[b] + i: k for k, i in enumerate(row)} for b, row in enumerate(at)])
-            tree.blocks.append(TreeBlock(logits, cols))
+        if tree.first is None:
+            tree.first, self._tree = first, tree
+        tree.record(before - tree.first, logits, at)
         return logits
+
+    def forward_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
+                     logits_at: Sequence[Sequence[int]] | None = None) -> torch.Tensor | None:
+        """Score a token tree per row in one forward, without committing: `new_tree()`, its nodes
+        (`parents[b][i]`: node i's parent among row b's nodes, -1 = the last committed token), `grow`.
+        Returns logits [B, N, V] (the distribution after each node), or with `logits_at` only those
+        nodes' [B, K, V] (rows with fewer repeat a valid column). Call `accept` next (or grow `tree`)."""
+        tree = self.new_tree()
+        tree.add_nodes(tokens, parents)
+        return tree.grow(logits_at)
 
     @torch.no_grad()
     def append_open(self, tokens: Sequence[Sequence[int]], tree_tokens: Sequence[Sequence[int]],
-                    tree_parents: Sequence[Sequence[int]]) -> None:
+                    tree_parents: Sequence[Sequence[int]]) -> OpenTree:
         """`append(tokens, return_logits=False)` and `forward_tree(tree_tokens, tree_parents)` in one
         forward: row b commits tokens[b] and opens a tree that hangs below its new last token
         (parent -1), every node with logits, numbered 0.. as if fed by `forward_tree` after the
         append. The same state and logits as the two calls, for the cost of one forward (a
-        lazy flush of committed text can so carry guesses of what comes next)."""
+        lazy flush of committed text can so carry guesses of what comes next). Returns the tree."""
         self._discard_tree()
         self._stale.difference_update(b for b, t in enumerate(tokens) if t)
         trunk = [len(t) for t in tokens]
@@ -265,51 +270,26 @@ class KVState:
             combined.append(list(t) + list(tt))
             parents.append(list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in tp])
             at.append(([n - 1] if n else []) + [n + i for i in range(len(tt))])
-        self.forward_tree(combined, parents, logits_at=at)
-        self._commit_trunk(trunk)
+        tree = self.new_tree()
+        tree.add_nodes(combined, parents)
+        tree.grow(at)
+        self._commit_trunk(tree, trunk)
+        return tree
 
-    def _commit_trunk(self, trunk: Sequence[int]) -> None:
+    def _commit_trunk(self, tree: OpenTree, trunk: Sequence[int]) -> None:
         """Commit the first trunk[b] nodes of row b's open tree (a chain from the root, the last one
         with logits); the rest stays open, renumbered from 0, its children of the trunk's end now
         children of the last committed token (-1)."""
-        tree = self._tree
         ids, slots, last = [], [], []
         for b, n in enumerate(trunk):
             ids.append(tree.tokens[b][:n])
             slots.append([tree.first + s for s in tree.slots[b][:n]])
-            last.append(tree.logits_of(b, n - 1) if n else None)
+            last.append(tree.logits(b, n - 1) if n else None)
             if n:
                 tree.drop_trunk(b, n)
         if any(trunk):
             fill = next(x for x in last if x is not None)
             self._commit_rows(ids, slots, torch.stack([x if x is not None else fill for x in last]))
-
-    def tree_logits(self, nodes: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Logits [B, K, V] after the given nodes (per row, tree-wide numbers) of the open tree; row b's
-        k-th = nodes[b][k] (rows with fewer repeat their last; a row with none gets zeros)."""
-        tree = self._tree
-        if tree is None:
-            raise RuntimeError("tree_logits() needs an open tree (forward_tree)")
-        width = max((len(r) for r in nodes), default=0)
-        vocab = tree.blocks[0].logits.shape[-1] if tree.blocks else self.member.vocab_size
-        out = torch.zeros(self.batch_size, width, vocab, dtype=torch.float32, device=self.member.device)
-        for b, row in enumerate(nodes):
-            for k, node in enumerate(list(row) + list(row[-1:]) * (width - len(row))):
-                found = tree.logits_of(b, node)
-                if found is None:
-                    raise RuntimeError(f"row {b}: node {node} of the open tree has no logits")
-                out[b, k] = found
-        return out
-
-    def node_logits(self, row: int, node: int) -> torch.Tensor | None:
-        """The logits [V] after one node of the open tree (None: no open tree, or no logits there)."""
-        return self._tree.logits_of(row, node) if self._tree is not None else None
-
-    @property
-    def open_tree_serial(self) -> int | None:
-        """A number that identifies the open tree (None if none is open); it changes with every
-        new tree, not when the tree is extended."""
-        return self._tree.serial if self._tree is not None else None
 
     def _discard_tree(self) -> None:
         if self._tree is not None:
@@ -320,12 +300,12 @@ class KVState:
         all other tree nodes are freed. A path must end at a node that has logits."""
         tree = self._tree
         if tree is None:
-            raise RuntimeError("accept() needs a preceding forward_tree()")
+            raise RuntimeError("accept() needs an open tree (forward_tree, OpenTree.grow)")
         last = None
         if any(paths):
             ends = []
             for b, path in enumerate(paths):
-                found = tree.logits_of(b, path[-1]) if path else None
+                found = tree.logits(b, path[-1]) if path else None
                 if path and found is None:
                     raise RuntimeError("with logits_at, an accepted path must end at a node that has logits")
                 ends.append(found)

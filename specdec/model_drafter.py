@@ -16,6 +16,7 @@ import torch
 from runtime.errors import TokenizerMismatchError
 from runtime.kv_state import KVState
 from runtime.member import Member
+from runtime.open_tree import OpenTree
 from runtime.sampling import SamplingParams
 from runtime.text_state import common_prefix_len
 from specdec.config import DraftLimit, TreeShape
@@ -142,7 +143,7 @@ class ModelDrafter(Drafter):
     def draft_continuations(self, contexts, branches, depth, keep):
         """Greedy chains, one per branch: the branches of all rows go into one tree forward below the
         synced contexts, then each level extends every live chain by its argmax token in one more
-        forward (`forward_tree(extend=True)`), so `max(depth)` drafter forwards at most."""
+        forward (`OpenTree.grow`, nothing re-fed), so `max(depth)` drafter forwards at most."""
         B = len(contexts)
         out: list[list[list[int]]] = [[[] for _ in row] for row in branches]
         live = [(b, i) for b in range(B) for i, br in enumerate(branches[b])
@@ -161,12 +162,12 @@ class ModelDrafter(Drafter):
                 tokens[b].append(int(tok))
             end[(b, i)] = len(tokens[b]) - 1
         count = [len(t) for t in tokens]  # per row, nodes fed so far (tree-wide numbering)
-        extend = False
+        tree = st.new_tree()
         V = self.target_vocab
         while live:
             at = [[end[k] for k in live if k[0] == b] for b in range(B)]
-            logits = st.forward_tree(tokens, parents, logits_at=at, extend=extend)
-            extend = True
+            tree.add_nodes(tokens, parents)
+            logits = tree.grow(at)
             nxt = {k: int(logits[k[0], at[k[0]].index(end[k]), :V].argmax()) for k in live}
             tokens, parents = [[] for _ in range(B)], [[] for _ in range(B)]
             still = []
@@ -191,7 +192,7 @@ class _Growth:
     While each row's tree is a chain, its nodes are committed to the drafter's state (append: one
     token per row per forward; the next sync rolls rejected ones back); once a row branches, the
     uncommitted nodes go into a tree hanging below the committed chain, open in the drafter's
-    state, which each later level extends by its new nodes only (`forward_tree(extend=True)`)."""
+    state, which each later level extends by its new nodes only (`OpenTree.grow`)."""
 
     def __init__(self, drafter: ModelDrafter, shape: TreeShape, sampling: SamplingParams, gens: list,
                  row_depth: list[int], active: list[bool]):
@@ -207,6 +208,7 @@ class _Growth:
         self.committed: list[set[int]] = [set() for _ in range(B)]
         self.fwd_index: list[dict[int, int]] = [{} for _ in range(B)]
         self.open_node: list[dict[int, int]] = [{} for _ in range(B)]  # draft node -> node of the open tree
+        self.tree: OpenTree | None = None   # the drafter state's open tree, once a row branches
 
     def run(self, stop_below: float) -> list[DraftTree]:
         """Grow every row to its depth (a node below `stop_below` is not expanded); the trees."""
@@ -259,7 +261,9 @@ class _Growth:
                     self.fwd_index[b] = {f[0]: 0}
                     self.committed[b].add(f[0])
             return logits
-        extend, self.chain = not self.chain, False
+        if self.chain:  # the first branching level opens the tree; later levels grow it
+            self.tree = st.new_tree()
+        self.chain = False
         toks, pars, new = [], [], []
         for b, t in enumerate(trees):
             opened = self.open_node[b]
@@ -275,7 +279,8 @@ class _Growth:
         # LM head only at the frontier (rows without one ask for a new node or nothing)
         at = [[self.open_node[b][node] for node in frontier[b]] or ([self.open_node[b][new[b][0]]] if new[b] else [])
               for b in range(len(trees))]
-        logits = st.forward_tree(toks, pars, logits_at=at, extend=extend)
+        self.tree.add_nodes(toks, pars)
+        logits = self.tree.grow(at)
         for b in range(len(trees)):
             self.fwd_index[b] = {node: k for k, node in enumerate(frontier[b])}
         return logits

@@ -132,13 +132,14 @@ def test_scoring_is_at_most_one_forward_per_member_per_round(spacey, monkeypatch
 def test_scoring_feeds_only_candidates_missing_from_the_completion_tree(spacey, monkeypatch):
     """A non-lead's completion tree stays open: scoring extends it by the candidates it lacks
     (the other members' words), so it feeds fewer tokens than a tree of all candidates."""
-    from adafuse.methods.word_level import TreeBuilder, continuation_ids
+    from adafuse.methods.word_level import continuation_ids
+    from runtime.open_tree import TokenTrie
     fed, full = [], []
     score = EnsembledWord.score
 
     def counting(self, proposal):
         m = 1 - self.lead
-        built = TreeBuilder(len(self.batch.texts))
+        built = TokenTrie(len(self.batch.texts))
         for b in proposal.rows:
             for c in proposal.cands[b]:
                 if not c.eos:

@@ -105,7 +105,7 @@ def test_forward_tree_logits_at_matches_full_logits(spacey):
 
 
 def test_tree_descendants():
-    from adafuse.methods.word_level import below
+    from runtime.open_tree import below
     #        0   1  2  3  4  5
     parents = [-1, 0, 1, -1, 3, 0]
     assert below(parents, [1]) == {1, 2} and below(parents, [0]) == {0, 1, 2, 5}

@@ -136,7 +136,7 @@ def test_ensembled_word_hands_dataclasses_from_step_to_step(spacey):
         by_hand.flush(m, rows)
     proposal = word.propose(rows)
     assert isinstance(proposal, Proposal) and proposal.rows == rows and set(proposal.open_trees) == {0, 1}
-    assert proposal.open_trees[0].is_open_in(by_hand.views[0].state)  # the lead's tree, for scoring
+    assert proposal.open_trees[0] is by_hand.views[0].state.tree  # the lead's tree, open for scoring
     scored = word.score(proposal)
     assert isinstance(scored, Scored) and scored.proposal is proposal
     assert len(scored.logprobs) == len(scored.paths) == len(scored.trees) == len(spacey)

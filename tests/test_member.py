@@ -61,7 +61,7 @@ def test_tree_forward_matches_each_path(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_extended_tree_equals_the_tree_fed_at_once(arch):
-    """A tree grown over three forwards (`extend=True`, parents anywhere in the tree, deeper than
+    """A tree grown over three forwards (`OpenTree.grow`, parents anywhere in the tree, deeper than
     gemma3's sliding window of 4, logits everywhere or only at some nodes) gives every node the logits
     of its path; a path across the forwards is accepted, in a batch with a row that grows differently."""
     m = tiny_member(arch)
@@ -83,21 +83,23 @@ def test_extended_tree_equals_the_tree_fed_at_once(arch):
     at_end = {0: [2, 5, 8], 1: [1, 3]}  # second run: logits only at these nodes
     for logits_at in (None, at_end):
         state = m.start(prompts)
+        tree = state.new_tree()
         for k, nodes in enumerate(blocks):
             at = None if logits_at is None else [[i for i in nodes[b] if i in logits_at[b]] for b in range(2)]
-            lg = state.forward_tree([[toks[b][i] for i in nodes[b]] for b in range(2)],
-                                    [[parents[b][i] for i in nodes[b]] for b in range(2)],
-                                    logits_at=at, extend=k > 0)
+            tree.add_nodes([[toks[b][i] for i in nodes[b]] for b in range(2)],
+                           [[parents[b][i] for i in nodes[b]] for b in range(2)])
+            lg = tree.grow(at)
             for b in range(2):
                 for col, node in enumerate(nodes[b] if at is None else at[b]):
                     ref = full_logits(m, prompts[b] + [toks[b][i] for i in path(b, node)])[-1]
                     torch.testing.assert_close(lg[b, col], ref, **TOL)
         want = [n for n in range(9) if logits_at is None or n in logits_at[0]]
-        gathered = state.tree_logits([want, [3]])
+        gathered = tree.gather([want, [3]])
         for k, node in enumerate(want):
             ref = full_logits(m, prompts[0] + [toks[0][i] for i in path(0, node)])[-1]
             torch.testing.assert_close(gathered[0, k], ref, **TOL)
-        state.accept([path(0, 8), path(1, 3)])
+        tree.accept([path(0, 8), path(1, 3)])
+        assert not tree.is_open and state.tree is None
         for b, end in ((0, 8), (1, 3)):
             assert state.ids[b] == prompts[b] + [toks[b][i] for i in path(b, end)]
         nxt = [rand_ids(2, V, 34), rand_ids(3, V, 35)]
@@ -109,7 +111,7 @@ def test_extended_tree_equals_the_tree_fed_at_once(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_append_open_equals_append_then_tree(arch):
     """`append_open` commits each row's tokens and opens a tree below them in one forward: the same
-    last logits and node logits as `append` + `forward_tree`; the tree then grows (`extend=True`)
+    last logits and node logits as `append` + `forward_tree`; the tree then grows (`OpenTree.grow`)
     and a path is accepted as usual, with the committed tokens kept and the other nodes freed. Rows
     commit 3, 0 and 5 tokens (gemma3's sliding window is 4)."""
     m = tiny_member(arch)
@@ -120,21 +122,23 @@ def test_append_open_equals_append_then_tree(arch):
     parents = [[-1, 0, -1], [-1, -1], [-1]]
     state = m.start(prompts)
     before = state.num_slots
-    state.append_open(trunk, tree, parents)
-    assert state.open_tree_serial is not None
+    opened = state.append_open(trunk, tree, parents)
+    assert opened.is_open and state.tree is opened
+    assert [opened.path(b, tree[b][:1]) for b in range(3)] == [[0], [0], [0]]  # renumbered below the trunk
     for b in range(3):
         ids = prompts[b] + trunk[b]
         assert state.ids[b] == ids
         torch.testing.assert_close(state.last_logits[b], full_logits(m, ids)[-1], **TOL)
     paths = [[[0], [0, 1], [2]], [[0], [1]], [[0]]]
-    got = state.tree_logits([[p[-1] for p in rows] for rows in paths])
+    got = opened.gather([[p[-1] for p in rows] for rows in paths])
     for b in range(3):
         for k, p in enumerate(paths[b]):
             ref = full_logits(m, prompts[b] + trunk[b] + [tree[b][i] for i in p])[-1]
             torch.testing.assert_close(got[b, k], ref, **TOL)
     # grow below node 1 of row 0 and node 0 of rows 1, 2; accept a path across both forwards
     more = [[rand_ids(1, V, 48)[0]], [rand_ids(1, V, 49)[0]], [rand_ids(1, V, 50)[0]]]
-    lg = state.forward_tree(more, [[1], [0], [0]], extend=True)
+    opened.add_nodes(more, [[1], [0], [0]])
+    lg = opened.grow()
     ends = [[0, 1, 3], [0, 2], [0, 1]]
     for b in range(3):
         full = [tree[b][i] for i in ends[b][:-1]] + more[b]
@@ -153,20 +157,47 @@ def test_append_open_equals_append_then_tree(arch):
 def test_extending_checks_its_input():
     m = tiny_member("llama")
     state = m.start([rand_ids(4, m.vocab_size, 36)])
-    state.forward_tree([[5, 6]], [[-1, 0]])
+    tree = state.new_tree()
+    tree.add_nodes([[5, 6]], [[-1, 0]])
+    tree.grow()
     with pytest.raises(ValueError, match="parent must come before"):
-        state.forward_tree([[7]], [[2]], extend=True)  # node 2 is the new node itself
+        tree.add_nodes([[7]], [[2]])  # node 2 is the new node itself
+    tree.add_nodes([[7]], [[1]])
     with pytest.raises(ValueError, match="logits_at"):
-        state.forward_tree([[7]], [[1]], logits_at=[[0]], extend=True)  # node 0 was fed before
-    serial = state.open_tree_serial
-    state.forward_tree([[7, 8]], [[1, 2]], logits_at=[[3]], extend=True)  # node 2 gets no logits
-    assert state.open_tree_serial == serial
+        tree.grow(logits_at=[[0]])  # node 0 was fed before
+    tree = state.new_tree()  # (the failed grow fed nothing: start over)
+    tree.add_nodes([[5, 6]], [[-1, 0]])
+    tree.grow()
+    tree.add_nodes([[7, 8]], [[1, 2]])
+    tree.grow(logits_at=[[3]])  # node 2 gets no logits
+    assert tree.is_open and tree.path(0, [5, 6, 7, 8]) == [0, 1, 2, 3]
     with pytest.raises(RuntimeError, match="has no logits"):
-        state.tree_logits([[2]])
+        tree.gather([[2]])
     with pytest.raises(RuntimeError, match="must end at a node that has logits"):
-        state.accept([[0, 1, 2]])
-    state.accept([[0, 1, 2, 3]])
-    assert state.open_tree_serial is None and state.ids[0][-4:] == [5, 6, 7, 8]
+        tree.accept([[0, 1, 2]])
+    tree.accept([[0, 1, 2, 3]])
+    assert state.tree is None and state.ids[0][-4:] == [5, 6, 7, 8]
+
+
+def test_a_discarded_tree_cannot_grow():
+    """Any other operation of the state discards its open tree; growing or accepting it then
+    fails with a message instead of hanging nodes below freed slots."""
+    m = tiny_member("llama")
+    state = m.start([rand_ids(4, m.vocab_size, 37)])
+    tree = state.new_tree()
+    tree.add(0, [5, 6])
+    tree.grow()
+    state.append([[9]])
+    assert not tree.is_open and state.tree is None
+    tree.add(0, [5, 7])
+    with pytest.raises(RuntimeError, match="discarded"):
+        tree.grow()
+    with pytest.raises(RuntimeError, match="not open"):
+        tree.accept([[0]])
+    fresh = state.new_tree()  # a new tree's first grow opens it (and would discard another)
+    assert fresh.add(0, [5, 6]) == 1 and fresh.add(0, [5, 7]) == 2 and fresh.add(0, [5]) == 0
+    fresh.grow()
+    assert fresh.is_open and fresh.fed == [3]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -33,7 +33,8 @@ deterministic top-B, their completions greedy; the gate always uses the untemper
 
 Modules, by job:
 - `options`: `WordConfig`, the knobs. `records`: the typed trace (`Round`, `Candidate`).
-- `trees`: candidate words in the making (`TreeBuilder`, `OpenTree`, `Branches`, `complete_words`).
+- `trees`: candidate words in the making (`Branches`, `complete_words`), grown in a member's
+  `runtime.open_tree.OpenTree` (the tree, its nodes and their logits have that one owner).
 - `batch`: `Batch`, the rows' shared state (texts, units, pending text per member, finish, streak,
   traces, member views, generators) and the commit / stop / length rules.
 - `lead_decoder`: `LeadDecoder`, the lead's confident words (plain and speculative).
@@ -50,12 +51,11 @@ from adafuse.methods.word_level.fusion import AdaFuse, WordFixed, WordFusion, ge
 from adafuse.methods.word_level.lead_decoder import ConfidentRun, LeadDecoder, count_complete_units
 from adafuse.methods.word_level.options import DRAFT_CANDIDATES, WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Candidate, Round, round_stats
-from adafuse.methods.word_level.trees import (Branches, OpenTree, TreeBuilder, below, complete_words,
-                                              continuation_ids, draft_branches, top_firsts, trie_path)
+from adafuse.methods.word_level.trees import Branches, complete_words, continuation_ids, draft_branches, top_firsts
 
 __all__ = [
     "AdaFuse", "Batch", "Branches", "Candidate", "ConfidentRun", "DRAFT_CANDIDATES", "EOS_KEY", "EnsembledWord",
-    "LeadDecoder", "OpenTree", "Proposal", "Round", "Scored", "TreeBuilder", "WordConfig", "WordFixed",
-    "WordFusion", "below", "complete_words", "continuation_ids", "count_complete_units", "draft_branches",
-    "generate", "round_stats", "top_firsts", "trie_path",
+    "LeadDecoder", "Proposal", "Round", "Scored", "WordConfig", "WordFixed",
+    "WordFusion", "complete_words", "continuation_ids", "count_complete_units", "draft_branches",
+    "generate", "round_stats", "top_firsts",
 ]

@@ -27,13 +27,13 @@ import torch
 from adafuse.methods.word_level.batch import Batch
 from adafuse.methods.word_level.options import WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Candidate, Round
-from adafuse.methods.word_level.trees import (Branches, OpenTree, TreeBuilder, complete_words, continuation_ids,
-                                              top_firsts, trie_path)
+from adafuse.methods.word_level.trees import Branches, complete_words, continuation_ids, top_firsts
 from adafuse.gate import top2_margin
 from adafuse.scoring import choose, fuse_scores, normalised_score
 from runtime.devices import device_key, run_by_device
 from runtime.forward_group import model_groups, run_members, run_together, same_model
 from runtime.member import Member
+from runtime.open_tree import OpenTree, TokenTrie
 
 
 @dataclass
@@ -218,7 +218,7 @@ class EnsembledWord:
             return None
         probs = lead.state.next_probs(1.0)
         top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1).indices.tolist()
-        built = TreeBuilder(len(batch.texts))
+        built = TokenTrie(len(batch.texts))
         for b in rows:
             view.texts[b] += batch.pending[m][b]
             batch.pending[m][b] = ""
@@ -229,11 +229,8 @@ class EnsembledWord:
                     built.add(b, continuation_ids(view, b, text, have))
         below = {b: (built.tokens[b], built.parents[b]) for b in rows if built.tokens[b]}
         view.sync(rows, below=below)
-        if not below:
-            return None
-        state = view.state
-        logits = {(b, n): state.node_logits(b, n) for b in below for n in range(len(built.tokens[b]))}
-        return OpenTree(built, logits, state.open_tree_serial, [len(t) for t in built.tokens])
+        tree = view.state.tree
+        return tree if below and tree is not None else None
 
     def _candidate_drafter(self, m: int) -> Any | None:
         """Member m's `specdec` drafter, for its candidate words' completions, as `draft_candidates`
@@ -276,19 +273,20 @@ class EnsembledWord:
         state = view.state
         ids = {(b, j): continuation_ids(view, b, c.text) for b in rows for j, c in enumerate(cands[b]) if not c.eos}
         tree = proposal.open_trees.get(m)
-        if tree is None or not tree.is_open_in(state):
-            tree = OpenTree(TreeBuilder(len(self.batch.texts)), {}, None)
+        if tree is None or not tree.is_open:
+            tree = state.new_tree()
         fed = tree.fed
         for (b, _), t in ids.items():  # candidates sharing a prefix share its nodes
-            tree.built.add(b, t)
-        paths = {key: trie_path(tree.built.trie[key[0]], t) for key, t in ids.items()}
-        if any(n < fed[key[0]] and (key[0], n) not in tree.logits for key, p in paths.items() for n in p):
-            tree = OpenTree(tree.built, {}, None)  # re-feed all (not needed for `complete_words` trees)
-        unfed = any(len(t) > f for t, f in zip(tree.built.tokens, tree.fed))
-        scorable = all((key[0], n) in tree.logits for key, p in paths.items() for n in p[:-1])
+            tree.add(b, t)
+        paths = {key: tree.path(key[0], t) for key, t in ids.items()}
+        if any(n < fed[key[0]] and tree.logits(key[0], n) is None for key, p in paths.items() for n in p):
+            fresh = state.new_tree()  # re-feed all (not needed for `complete_words` trees)
+            fresh.add_nodes(tree.tokens, tree.parents)
+            tree = fresh
+        unfed = any(len(t) > f for t, f in zip(tree.tokens, tree.fed))
+        scorable = all(tree.logits(key[0], n) is not None for key, p in paths.items() for n in p[:-1])
         if unfed and (m == self.lead or not scorable):
-            tree.grow(state)
-        node_logits = tree.logits
+            tree.grow()
         last_lp = torch.log_softmax(state.last_logits.float(), dim=-1)
         eos_ids = sorted(view.member.eos_token_ids)
         per_row: dict[int, list[torch.Tensor]] = {}
@@ -301,7 +299,7 @@ class EnsembledWord:
                     continue
                 path = paths[(b, j)]
                 tok = torch.tensor(ids[(b, j)], device=last_lp.device)
-                inner = [node_logits[(b, n)] for n in path[:-1]]
+                inner = [tree.logits(b, n) for n in path[:-1]]
                 prev = torch.cat([last_lp[b: b + 1]] + ([torch.log_softmax(torch.stack(inner), dim=-1)] if inner else []),
                                  dim=0)
                 row.append(prev.gather(-1, tok[:, None]).squeeze(-1).cpu())
@@ -358,11 +356,11 @@ class EnsembledWord:
                 if cands[b][j].eos:
                     continue
                 path = scored.paths[m][(b, j)]
-                if tree.is_open_in(state) and (b, path[-1]) in tree.logits:  # (fed in order: so is the path)
+                if tree.is_open and tree.logits(b, path[-1]) is not None:  # (fed in order: so is the path)
                     paths[b] = path
                 elif m == self.lead:
                     raise RuntimeError("EnsembledWord.commit() needs the open trees of score()")
-            if state.open_tree_serial is not None:
+            if state.tree is not None:
                 state.accept(paths)
             for b, j in picks.items():
                 if paths[b] or not cands[b][j].text:

@@ -23,7 +23,7 @@ from adafuse.gate import gate_decision, top2_margin
 from adafuse.methods.word_level.batch import Batch
 from adafuse.methods.word_level.options import WordConfig
 from adafuse.methods.word_level.records import EOS_KEY, Round
-from adafuse.methods.word_level.trees import Branches, TreeBuilder, top_firsts
+from adafuse.methods.word_level.trees import Branches, top_firsts
 from adafuse.words import word_end
 from runtime.forward_group import run_together, same_model
 from runtime.kv_state import KVState
@@ -305,18 +305,18 @@ class LeadDecoder:
         """One lead forward that commits `feed` (one token per confident row) and advances the open
         candidate branches of the `ride` rows by one greedy token each (the branches are re-fed
         whole beside the committed tokens and discarded)."""
-        built = TreeBuilder(state.batch_size)
+        tree = state.new_tree()
         at: list[list[int]] = [[0] if f else [] for f in feed]
         for b, f in enumerate(feed):
-            built.add(b, f)
+            tree.add(b, f)
         ends: dict[tuple[int, int], int] = {}
         for b in ride:
             bs = self.branches[b]
             for i in bs.open():
-                ends[(b, i)] = built.add(b, bs.tokens[i])
+                ends[(b, i)] = tree.add(b, bs.tokens[i])
                 at[b].append(ends[(b, i)])
-        logits = state.forward_tree(built.tokens, built.parents, logits_at=at)
-        state.accept([[0] if f else [] for f in feed])
+        logits = tree.grow(at)
+        tree.accept([[0] if f else [] for f in feed])
         for (b, i), node in ends.items():
             self.branches[b].step(i, int(logits[b, at[b].index(node)].argmax()))
 

@@ -1,8 +1,6 @@
-"""Candidate words in the making, as token trees in a member's KV state.
+"""Candidate words in the making, as token trees in a member's KV state (`runtime.open_tree.OpenTree`:
+it grows by one forward at a time and is scored from (`ensembled_word`) or kept (`OpenTree.accept`)).
 
-- `TreeBuilder`: per-row token tries for one `KVState.forward_tree` (shared prefixes are one node).
-- `OpenTree`: a member's tree still open in its state, with the logits after its nodes; it grows by
-  one forward at a time and is scored from (`ensembled_word`) or kept (`KVState.accept`).
 - `Branches`: one row's candidate words, each first token extended by its greedy next token until
   the word ends.
 - `complete_words`: all rows' branches of one member completed together, one tree forward per step,
@@ -11,14 +9,13 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from adafuse.words import word_end
-from runtime.kv_state import KVState
 from runtime.member import Member
+from runtime.open_tree import OpenTree, below
 from runtime.text_state import MemberText
 
 
@@ -31,60 +28,6 @@ def continuation_ids(view: MemberText, row: int, text: str, have: Sequence[int] 
     if len(full) > len(have) and full[: len(have)] == have:
         return full[len(have):]
     return view.member.encode(text)
-
-
-@dataclass
-class OpenTree:
-    """A member's token tree still open in its state (`KVState.open_tree_serial` == `serial`; None: not
-    fed yet): its nodes (`TreeBuilder`: per row, trie (parent node, token) -> node, in the order fed)
-    and the logits after each node that has them, (row, node) -> [V]."""
-    built: "TreeBuilder"
-    logits: dict[tuple[int, int], torch.Tensor]
-    serial: int | None
-    fed_counts: list[int] | None = None  # per row, nodes of `built` fed so far
-
-    def is_open_in(self, state: KVState) -> bool:
-        """Whether this tree is the one open in `state` (so it can be extended or kept)."""
-        return self.serial is not None and state.open_tree_serial == self.serial
-
-    def grow(self, state: KVState, logits_at: list[list[int]] | None = None) -> None:
-        """Feed the nodes added to `built` since the last call (one forward; a fresh tree in `state`
-        unless this one is open there) and record their logits (all, or only `logits_at`)."""
-        built, B = self.built, state.batch_size
-        fed = self.fed
-        tokens = [built.tokens[b][fed[b]:] for b in range(B)]
-        parents = [built.parents[b][fed[b]:] for b in range(B)]
-        logits = state.forward_tree(tokens, parents, logits_at=logits_at, extend=self.is_open_in(state))
-        self.serial = state.open_tree_serial
-        for b in range(B):
-            for k, node in enumerate(range(fed[b], len(built.tokens[b])) if logits_at is None else logits_at[b]):
-                self.logits[(b, node)] = logits[b, k]
-        self.fed_counts = [len(t) for t in built.tokens]
-
-    @property
-    def fed(self) -> list[int]:
-        """Per row, nodes of `built` already in the open tree."""
-        return list(self.fed_counts) if self.fed_counts is not None else [0] * len(self.built.tokens)
-
-
-def trie_path(trie: dict[tuple[int, int], int], ids: Sequence[int]) -> list[int] | None:
-    """The nodes of `ids` hanging off the committed tokens in one row's trie, or None if not all are in."""
-    node, out = -1, []
-    for tok in ids:
-        node = trie.get((node, tok))
-        if node is None:
-            return None
-        out.append(node)
-    return out
-
-
-def below(parents: Sequence[int], roots: Sequence[int]) -> set[int]:
-    """`roots` and every node under them, in a tree given by parent indices (parents[i] < i)."""
-    out = set(roots)
-    for i, p in enumerate(parents):
-        if p in out:
-            out.add(i)
-    return out
 
 
 class Branches:
@@ -141,33 +84,13 @@ class Branches:
         return [w or "" for w in self.words]
 
 
-class TreeBuilder:
-    """Per-row token tries for one `forward_tree`: shared prefixes become one node."""
-
-    def __init__(self, batch_size: int):
-        self.trie: list[dict[tuple[int, int], int]] = [{} for _ in range(batch_size)]
-        self.tokens: list[list[int]] = [[] for _ in range(batch_size)]
-        self.parents: list[list[int]] = [[] for _ in range(batch_size)]
-
-    def add(self, b: int, ids: Sequence[int]) -> int:
-        """Add a root-to-node path; returns its last node (-1 for an empty path)."""
-        node = -1
-        for tok in ids:
-            if (node, tok) not in self.trie[b]:
-                self.trie[b][(node, tok)] = len(self.tokens[b])
-                self.tokens[b].append(tok)
-                self.parents[b].append(node)
-            node = self.trie[b][(node, tok)]
-        return node
-
-
 def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list[int]],
                    max_word_tokens: int, known: dict[int, list[str]] | None = None, keep_tree: bool = False,
                    started: dict[int, Branches] | None = None, tree: OpenTree | None = None,
                    drafter: Any | None = None) -> tuple[dict[int, list[str]], OpenTree | None]:
     """Complete each first token greedily to the word boundary (`Branches`) without committing
     anything; all unfinished branches of all rows advance in one forward per step. The steps grow
-    one token tree in the member's state (`KVState.forward_tree(extend=True)`): the first holds the
+    one token tree in the member's state (`OpenTree.grow`, nothing re-fed): the first holds the
     branches' tokens and the `known` words as drafts (per row, words other members proposed, by this
     member's continuation ids), each later step feeds only each open branch's next token. A branch
     walks on through the tree while its greedy next token is a node there, so completing a word some
@@ -191,22 +114,24 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
     started = started or {}
     branches = {b: started[b] if b in started else Branches(member, firsts[b], max_word_tokens) for b in rows}
     drafts = {b: [continuation_ids(view, b, w) for w in (known or {}).get(b, []) if w] for b in rows}
-    if tree is None or not tree.is_open_in(state):
-        tree = OpenTree(TreeBuilder(B), {}, None)  # grown by each step's forward
-    built = tree.built
+    if tree is None or not tree.is_open:
+        tree = state.new_tree()  # grown by each step's forward
     first = True
     drafted: dict[int, list[list[int]]] = {}
     while True:
         for b in rows:
             bs = branches[b]
             for i in bs.open():
-                node = (trie_path(built.trie[b], bs.tokens[i]) or [None])[-1]
+                node = (tree.path(b, bs.tokens[i]) or [None])[-1]
                 # walk on while the greedy next token is a node with logits
-                while node is not None and (b, node) in tree.logits:
-                    nxt = int(tree.logits[(b, node)].argmax())
+                while node is not None:
+                    logits = tree.logits(b, node)
+                    if logits is None:
+                        break
+                    nxt = int(logits.argmax())
                     if not bs.step(i, nxt):
                         break
-                    node = built.trie[b].get((node, nxt))
+                    node = tree.child(b, node, nxt)
         if all(branches[b].done for b in rows):
             break
         if first and drafter is not None:
@@ -219,21 +144,21 @@ def complete_words(view: MemberText, rows: Sequence[int], firsts: dict[int, list
                 open_branches = [bs.tokens[i] for i in bs.open()]
                 for ids in drafts[b]:
                     if keep_tree or any(ids[: len(br)] == br for br in open_branches):
-                        built.add(b, ids)
+                        tree.add(b, ids)
                 for ids in drafted.get(b, []):
-                    built.add(b, ids)
+                    tree.add(b, ids)
             for i, word in enumerate(bs.words):
                 if word is None:
-                    ends[b].append(built.add(b, bs.tokens[i]))
+                    ends[b].append(tree.add(b, bs.tokens[i]))
                 elif keep_tree and word:
-                    built.add(b, continuation_ids(view, b, word))
-        if all(len(t) == f for t, f in zip(built.tokens, fed)):
+                    tree.add(b, continuation_ids(view, b, word))
+        if all(len(t) == f for t, f in zip(tree.tokens, fed)):
             raise RuntimeError("complete_words: an open branch ends at a node without logits")
         # LM head: every node with keep_tree, else only where a walk can go (branch ends and below)
-        tree.grow(state, None if keep_tree else
-                  [[n for n in sorted(below(built.parents[b], ends[b])) if n >= fed[b]] for b in range(B)])
+        tree.grow(None if keep_tree else
+                  [[n for n in sorted(below(tree.parents[b], ends[b])) if n >= fed[b]] for b in range(B)])
         first = False
-    return {b: branches[b].result() for b in rows}, (tree if tree.serial is not None else None)
+    return {b: branches[b].result() for b in rows}, (tree if tree.is_open else None)
 
 
 def draft_branches(view: MemberText, rows: Sequence[int], branches: dict[int, Branches], drafter: Any,
