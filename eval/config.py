@@ -38,6 +38,7 @@ TASK_ENTRY = {
     "name": Field((str,), required=True),
     "num_fewshot": Field((int,)),
     "limit": Field((int,)),
+    "offset": Field((int,)),   # skip the first `offset` rows of the split (then `limit` rows)
     "until": Field((list,), item=Field((str,))),
     "generation": GENERATION,
     "split": Field((str,), choices=("test", "dev")),
@@ -79,11 +80,13 @@ class TaskSpec:
     limit: int | None
     max_new_tokens: int
     temperature: float
+    offset: int = 0                      # rows offset .. offset + limit - 1 of the split
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "num_fewshot": self.task.num_fewshot, "limit": self.limit, "until": self.task.until,
                 "generation": {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature},
-                **({"split": self.task.split} if self.task.split != "test" else {})}
+                **({"split": self.task.split} if self.task.split != "test" else {}),
+                **({"offset": self.offset} if self.offset else {})}
 
 
 @dataclass
@@ -264,18 +267,20 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         validate(entry, TASK_ENTRY, source, f"tasks[{i}].")
         _positive(entry.get("num_fewshot"), f"tasks[{i}].num_fewshot", source, 0)
         _positive(entry.get("limit"), f"tasks[{i}].limit", source)
+        _positive(entry.get("offset"), f"tasks[{i}].offset", source, 0)
         task_limit = limit if limit is not None else entry.get("limit", data.get("limit"))
+        offset = entry.get("offset", 0)
         try:
             task = get_task(entry["name"], num_fewshot=entry.get("num_fewshot"), until=entry.get("until"),
                             split=entry.get("split"))
-            task.check_range(task_limit)
+            task.check_range(None if task_limit is None else offset + task_limit)
         except ConfigError as exc:
             raise ConfigError(f"{source}: tasks[{i}]: {exc}") from None
         gen = {**task.generation_kwargs, **base_gen, **(entry.get("generation") or {})}
         _positive(gen.get("max_new_tokens"), f"tasks[{i}].generation.max_new_tokens", source)
         _check_temperature(gen.get("temperature"), f"tasks[{i}].generation.temperature", source)
         tasks.append(TaskSpec(name=task.name, task=task, limit=task_limit, max_new_tokens=int(gen.get("max_new_tokens", 128)),
-                              temperature=float(gen.get("temperature", 0.0))))
+                              temperature=float(gen.get("temperature", 0.0)), offset=offset))
     if len({t.name for t in tasks}) != len(tasks):
         raise ConfigError(f"{source}: a task is listed twice in 'tasks'")
     _check_run_tasks(runs, [t.name for t in tasks], source)

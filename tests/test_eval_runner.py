@@ -258,3 +258,14 @@ def test_model_names_are_checked_before_any_run(tmp_path: Path, data: Path, caps
         err = capsys.readouterr().err.strip()
         assert "run 'last'" in err and "unknown model" in err and "\n" not in err
         assert not (tmp_path / "out" / "first").exists()
+
+
+def test_offset_evaluates_a_later_slice_of_rows(tmp_path: Path, data: Path) -> None:
+    """`offset` (a task key) skips the first rows: a replication on rows nobody has looked at."""
+    cfg = parse_config(_cfg(data, tmp_path / "out", tasks=[{"name": "gsm8k", "offset": 3, "limit": 2}]), "x.yaml")
+    evaluate(cfg, progress=False, log=None)
+    recs = _lines(tmp_path / "out" / "fake1" / "gsm8k" / "predictions.jsonl")
+    assert [r["id"] for r in recs] == [3, 4]
+    assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())["tasks"][0]["offset"] == 3
+    with pytest.raises(ConfigError, match=r"x.yaml: key 'tasks\[0\].offset' must be >= 0, got -1"):
+        parse_config(_cfg(data, tmp_path / "o2", tasks=[{"name": "gsm8k", "offset": -1}]), "x.yaml")
