@@ -224,6 +224,31 @@ def _check_run_tasks(runs: list[RunSpec], tasks: list[str], source: str) -> None
                               f"distinct 'name' (or disjoint 'tasks')")
 
 
+def _parse_task(entry: Any, i: int, limit: int | None, data: dict, base_gen: dict, source: str) -> TaskSpec:
+    """`tasks[i]` of a config (a name or a mapping) as a `TaskSpec`; `limit`: the command line's."""
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    elif not isinstance(entry, dict):
+        raise ConfigError(f"{source}: key 'tasks[{i}]' must be a task name or a mapping, got {type(entry).__name__}")
+    validate(entry, TASK_ENTRY, source, f"tasks[{i}].")
+    _positive(entry.get("num_fewshot"), f"tasks[{i}].num_fewshot", source, 0)
+    _positive(entry.get("limit"), f"tasks[{i}].limit", source)
+    _positive(entry.get("offset"), f"tasks[{i}].offset", source, 0)
+    task_limit = limit if limit is not None else entry.get("limit", data.get("limit"))
+    offset = entry.get("offset", 0)
+    try:
+        task = get_task(entry["name"], num_fewshot=entry.get("num_fewshot"), until=entry.get("until"),
+                        split=entry.get("split"))
+        task.check_range(None if task_limit is None else offset + task_limit)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: tasks[{i}]: {exc}") from None
+    gen = {**task.generation_kwargs, **base_gen, **(entry.get("generation") or {})}
+    _positive(gen.get("max_new_tokens"), f"tasks[{i}].generation.max_new_tokens", source)
+    _check_temperature(gen.get("temperature"), f"tasks[{i}].generation.temperature", source)
+    return TaskSpec(name=task.name, task=task, limit=task_limit, max_new_tokens=int(gen.get("max_new_tokens", 128)),
+                    temperature=float(gen.get("temperature", 0.0)), offset=offset)
+
+
 def parse_config(data: Any, source: str = "<config>", *, limit: int | None = None, output_path: str | None = None,
                  seed: int | None = None, batch_size: int | None = None, data_dir: str | None = None) -> EvalConfig:
     """Validate a config mapping and resolve it; keyword arguments are command-line overrides."""
@@ -260,27 +285,7 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
     _check_temperature(base_gen.get("temperature"), "generation.temperature", source)
     tasks: list[TaskSpec] = []
     for i, entry in enumerate(raw_tasks):
-        if isinstance(entry, str):
-            entry = {"name": entry}
-        elif not isinstance(entry, dict):
-            raise ConfigError(f"{source}: key 'tasks[{i}]' must be a task name or a mapping, got {type(entry).__name__}")
-        validate(entry, TASK_ENTRY, source, f"tasks[{i}].")
-        _positive(entry.get("num_fewshot"), f"tasks[{i}].num_fewshot", source, 0)
-        _positive(entry.get("limit"), f"tasks[{i}].limit", source)
-        _positive(entry.get("offset"), f"tasks[{i}].offset", source, 0)
-        task_limit = limit if limit is not None else entry.get("limit", data.get("limit"))
-        offset = entry.get("offset", 0)
-        try:
-            task = get_task(entry["name"], num_fewshot=entry.get("num_fewshot"), until=entry.get("until"),
-                            split=entry.get("split"))
-            task.check_range(None if task_limit is None else offset + task_limit)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: tasks[{i}]: {exc}") from None
-        gen = {**task.generation_kwargs, **base_gen, **(entry.get("generation") or {})}
-        _positive(gen.get("max_new_tokens"), f"tasks[{i}].generation.max_new_tokens", source)
-        _check_temperature(gen.get("temperature"), f"tasks[{i}].generation.temperature", source)
-        tasks.append(TaskSpec(name=task.name, task=task, limit=task_limit, max_new_tokens=int(gen.get("max_new_tokens", 128)),
-                              temperature=float(gen.get("temperature", 0.0)), offset=offset))
+        tasks.append(_parse_task(entry, i, limit, data, base_gen, source))
     if len({t.name for t in tasks}) != len(tasks):
         raise ConfigError(f"{source}: a task is listed twice in 'tasks'")
     _check_run_tasks(runs, [t.name for t in tasks], source)

@@ -178,3 +178,16 @@ def p_right(pol) -> float:
     states = [decision_state_of(s) for s in range(8)]
     with torch.no_grad():
         return float(torch.stack([law.probs[1] for law in pol.laws(states)]).mean())
+
+
+def save_tiny_char_model(root) -> str:
+    """A tiny random llama with a character tokenizer, saved as a model folder (for the CLI tests);
+    returns the folder."""
+    from runtime.testing import char_tokenizer, tiny_model
+
+    tok = char_tokenizer()
+    model = tiny_model("llama", vocab_size=len(tok), hidden=32, layers=1)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(root / "tiny")
+    tok.save_pretrained(root / "tiny")
+    return str(root / "tiny")

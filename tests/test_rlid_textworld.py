@@ -286,15 +286,9 @@ def test_sigkill_of_the_python_process_leaves_no_jvm_behind():
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from runtime.testing import char_tokenizer, tiny_model
+    from test_rlid_helpers import save_tiny_char_model
 
-    root = tmp_path_factory.mktemp("twc_model")
-    tok = char_tokenizer()
-    model = tiny_model("llama", vocab_size=len(tok), hidden=32, layers=1)
-    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
-    return str(root / "tiny")
+    return save_tiny_char_model(tmp_path_factory.mktemp("twc_model"))
 
 
 @pytest.mark.parametrize("memory", [False, True], ids=["raw", "compiled"])
