@@ -181,7 +181,7 @@ def run_task(run: RunSpec, spec: TaskSpec, folder: Path, data_dir: Path, *, get_
     The folder is locked meanwhile (`eval.folder_lock`): a second process on it is refused."""
     task = spec.task
     all_docs, shots = task.load(data_dir, pool=exemplars_needed(run.members))
-    docs = all_docs[spec.offset:][: spec.limit] if spec.limit is not None else all_docs[spec.offset:]
+    docs = all_docs[spec.offset:][: spec.limit]  # (limit None: to the end)
     with hold(folder, shard):
         _check_setup(folder, _setup(run, spec, seed))
         pred_path = folder / PREDICTIONS
