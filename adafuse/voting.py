@@ -7,13 +7,20 @@
   comes earliest; the chosen index is that answer's earliest sample. With no answer at all: 0.
 - `consensus_pick`: for free text, where answers are not discrete (MBR with chrF): the candidate
   with the highest mean chrF against the others; ties go to the earliest.
+- `weighted_vote` (confidence-weighted majority, as in CISC, arXiv 2502.06233): each sample votes with
+  its confidence, the mean probability of its tokens exp(logprob / num_tokens); the answer with the
+  largest summed confidence wins; ties go to the one whose first sample comes earliest.
+- `most_confident`: the single sample with the highest mean token log-probability among those with an
+  answer (ties: the earliest).
+Confidences need each sample's summed log-probability and token count (`confidences`).
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Sequence
 
-VOTES = ("majority", "consensus")
+VOTES = ("majority", "consensus", "weighted", "confident")
 
 
 def normalise_answer(answer: str | None) -> str | None:
@@ -67,10 +74,52 @@ def consensus_pick(candidates: Sequence[str], similarity: Callable[[str, str], f
     return max(range(n), key=lambda i: (means[i], -i))
 
 
-def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float] | None = None) -> int:
-    """`majority_vote` or `consensus_pick` (over the answers, a missing one as "")."""
+def confidences(logprobs: Sequence[float | None], num_tokens: Sequence[int]) -> list[float]:
+    """Each sample's mean token log-probability (logprob / num_tokens; 0 tokens: 0.0). A missing
+    log-probability is a ValueError naming the fix: the samples' writer must record them."""
+    if any(lp is None for lp in logprobs):
+        raise ValueError("a confidence vote needs every sample's log-probability; the samples were written "
+                         "without them")
+    return [float(lp) / n if n > 0 else 0.0 for lp, n in zip(logprobs, num_tokens)]
+
+
+def weighted_vote(answers: Sequence[str | None], mean_logprobs: Sequence[float]) -> int:
+    """Index of the chosen sample: the answer with the largest summed exp(mean token log-prob) over its
+    samples wins (see the module docstring); with no answer at all: 0."""
+    keys = [normalise_answer(a) for a in answers]
+    first: dict[str, int] = {}
+    weight: dict[str, float] = {}
+    for i, k in enumerate(keys):
+        if k is None:
+            continue
+        first.setdefault(k, i)
+        weight[k] = weight.get(k, 0.0) + math.exp(float(mean_logprobs[i]))
+    if not weight:
+        return 0
+    return first[max(weight, key=lambda k: (weight[k], -first[k]))]
+
+
+def most_confident(answers: Sequence[str | None], mean_logprobs: Sequence[float]) -> int:
+    """Index of the sample with an answer and the highest mean token log-probability (the earliest on
+    ties); with no answer at all: 0."""
+    keys = [i for i, a in enumerate(answers) if normalise_answer(a) is not None]
+    if not keys:
+        return 0
+    return max(keys, key=lambda i: (float(mean_logprobs[i]), -i))
+
+
+def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | None] | None = None,
+         num_tokens: Sequence[int] | None = None) -> int:
+    """The chosen sample under `vote` (see the module docstring): `majority_vote` (ties by summed
+    `logprobs` when given), `consensus_pick` (a missing answer as ""), or the confidence rules
+    `weighted_vote` / `most_confident` (they need `logprobs` and `num_tokens`)."""
     if vote == "majority":
         return majority_vote(answers, logprobs)
     if vote == "consensus":
         return consensus_pick([a or "" for a in answers])
+    if vote in ("weighted", "confident"):
+        if logprobs is None or num_tokens is None:
+            raise ValueError(f"vote {vote!r} needs the samples' log-probabilities and token counts")
+        conf = confidences(logprobs, num_tokens)
+        return weighted_vote(answers, conf) if vote == "weighted" else most_confident(answers, conf)
     raise ValueError(f"unknown vote {vote!r}; use one of {', '.join(VOTES)}")

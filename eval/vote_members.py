@@ -32,7 +32,7 @@ def sample_records(task, doc, samples: list[Any]) -> list[dict[str, Any]]:
         extracted = task.extract(s.text)
         scores, stats = task.score(extracted, doc)
         out.append({"by": s.by, "output": s.text, "extracted": extracted, "scores": scores, "stats": stats,
-                    "num_tokens": s.num_tokens, "finish_reason": s.finish})
+                    "num_tokens": s.num_tokens, "finish_reason": s.finish, "logprob": s.logprob})
     return out
 
 
@@ -45,7 +45,8 @@ def member_records(records: list[dict[str, Any]], by: str, primary: str) -> list
             return []
         out.append({"id": r["id"], "prompt": r.get("prompt"), "output": s["output"], "extracted": s["extracted"],
                     "gold": r["gold"], "score": s["scores"][primary], "scores": s["scores"], "stats": s["stats"],
-                    "num_tokens": s["num_tokens"], "finish_reason": s["finish_reason"], "cost": {}, "wall_s": 0.0,
+                    "num_tokens": s["num_tokens"], "finish_reason": s["finish_reason"], "logprob": s.get("logprob"),
+                    "cost": {}, "wall_s": 0.0,
                     "proc": r.get("proc")})
     return out
 

@@ -227,15 +227,21 @@ class Member:
         top_p: float = 1.0,
         seed: int | None = None,
         chat: bool | None = None,
+        logprobs: bool = False,
     ) -> list[GenerationOutput]:
         """Plain batched decoding with this member's KV cache. Row i samples from its own generator
-        seeded `seed + i`, so a batched call equals per-row calls. Text excludes the stop string."""
+        seeded `seed + i`, so a batched call equals per-row calls. Text excludes the stop string.
+        `logprobs`: each output's stats get "logprob", the summed log-probability of its new tokens
+        under the model's own (untempered) distribution (`decode_plain`)."""
         meter = CostMeter([self])
         prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
         gens = make_generators(len(prompts), seed, self.device)
         state = self.start(prompt_ids, room=max_new_tokens)
-        texts, finish, new_ids = self.decode_plain(state, max_new_tokens, stop, temperature, top_k, top_p, gens)
-        return batch_outputs(meter.cost(), texts, [len(ids) for ids in new_ids], finish)
+        sums = [0.0] * len(prompts) if logprobs else None
+        texts, finish, new_ids = self.decode_plain(state, max_new_tokens, stop, temperature, top_k, top_p, gens,
+                                                   logprobs=sums)
+        stats = None if sums is None else [{"logprob": round(x, 4)} for x in sums]
+        return batch_outputs(meter.cost(), texts, [len(ids) for ids in new_ids], finish, stats=stats)
 
 
 def make_generators(n: int, seed: int | None, device) -> list[torch.Generator] | None:

@@ -5,10 +5,12 @@
   from a generator seeded `seed + b + 1_000_003 * j`, so prompt b of a batch draws as it would at
   index b alone), and the vote picks one (`vote`: "majority" over the extracted answers, ties to the
   highest summed log-probability then the earliest sample; "consensus": the answer with the highest
-  mean chrF against the others).
+  mean chrF against the others; "weighted": a vote weighted by each sample's confidence, its mean token
+  probability; "confident": the single most confident sample; `adafuse.voting`).
 - `view-vote` (Dipper's rule): every member (typically views of one model) answers greedily, their
   forwards as rows of one batch (`runtime.forward_group`), and the vote picks one; ties go to the lead,
-  then to member order.
+  then to member order (the confidence votes use each view's log-probability of its own answer,
+  recorded in the trace's samples).
 
 The answer of an output is what the request's `answer` function extracts (the eval harness passes
 the task's filter, e.g. GSM8K's final number); without one, the whole text. The returned text is the
@@ -41,7 +43,7 @@ class SelfConsistencyOptions:
     samples: int = 5           # answers written per prompt
     sampling_temperature: float = 0.7   # the samples' temperature
     top_p: float = 1.0
-    vote: str = "majority"     # "majority" (discrete answers) or "consensus" (free text: mean chrF)
+    vote: str = "majority"     # "majority", "consensus" (free text: mean chrF), "weighted" or "confident"
 
     def validate(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
@@ -56,7 +58,7 @@ class SelfConsistencyOptions:
 
 @dataclass
 class ViewVoteOptions:
-    vote: str = "majority"     # "majority" or "consensus"
+    vote: str = "majority"     # "majority", "consensus", "weighted" or "confident" (adafuse.voting)
 
     def validate(self) -> None:
         _check_vote(self.vote)
@@ -146,7 +148,8 @@ class SelfConsistency(Method):
             idx = [r for r, (bb, _) in enumerate(rows) if bb == b]
             samples = [VoteSample(texts[r], answers[r], f"{member.name}#{rows[r][1]}", finish[r], len(new_ids[r]),
                                   round(logprobs[r], 4)) for r in idx]
-            per_prompt.append((samples, pick(options.vote, [s.answer for s in samples], [s.logprob for s in samples])))
+            per_prompt.append((samples, pick(options.vote, [s.answer for s in samples], [s.logprob for s in samples],
+                                             [s.num_tokens for s in samples])))
         return _outputs(self.name, options.vote, per_prompt, meter.cost())
 
 
@@ -167,13 +170,16 @@ class ViewVote(Method):
         def write(m: int) -> list[GenerationOutput]:
             return members[m].generate(request.prompts, max_new_tokens=request.max_new_tokens, stop=request.stop.stops,
                                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-                                       chat=request.chat)
+                                       chat=request.chat, logprobs=True)
 
         written = dict(zip(order, run_members(order, lambda m: members[m], write)))  # views of a model together
         per_prompt = []
         for b in range(len(request.prompts)):
             answers = _answers(request, [written[m][b].text for m in order])
             samples = [VoteSample(written[m][b].text, a, members[m].name, written[m][b].finish_reason,
-                                  written[m][b].num_tokens) for m, a in zip(order, answers)]
-            per_prompt.append((samples, pick(options.vote, answers)))
+                                  written[m][b].num_tokens, written[m][b].stats.get("logprob"))
+                       for m, a in zip(order, answers)]
+            confident = options.vote in ("weighted", "confident")   # majority: ties to the lead, not log-probs
+            per_prompt.append((samples, pick(options.vote, answers, [x.logprob for x in samples] if confident else None,
+                                             [x.num_tokens for x in samples])))
         return _outputs(self.name, options.vote, per_prompt, meter.cost())

@@ -1,0 +1,115 @@
+"""Which views, and which vote, read off dev runs: `view-vote`'s rules applied to the views' answers.
+
+A view's greedy answer to an example does not depend on which other views vote, so on dev rows the
+vote of any set of views can be read off one single run per view (`predictions.jsonl` with
+`extracted` and `score`), or off one `view-vote` run whose records keep every view's answer (its
+`samples`: each becomes a run, `eval.vote_members.member_records`), without a vote run per set.
+`vote_outcomes` applies `adafuse.voting.pick` exactly as `view-vote` does (majority: ties to the lead,
+then member order; "weighted" / "confident": the views' recorded log-probabilities) and returns the
+chosen answer's record per example; `compare_sets` pairs each (set, vote) with a baseline run.
+
+This is a dev-row tool for choosing a set before a test run (`docs/results/views.md`): test tables
+come from `view-vote` runs themselves (in bfloat16 a view's rows in a larger batch can round
+differently from its single run, so the two can differ on a few examples).
+
+    python -m eval.vote_sets RUN_DIR [RUN_DIR ...] --sets "0,1,2;0,1,2,3,4" [--lead I] [--baseline I]
+        [--votes majority,weighted,confident]    (a view-vote run's folder counts as one run per view)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from adafuse.voting import pick
+from eval.paired import paired_bootstrap, win_tie_loss
+from eval.vote_members import member_records
+
+
+def read_runs(folder: str | Path, metric: str = "exact_match_number") -> list[tuple[str, dict[Any, dict[str, Any]]]]:
+    """[(name, id -> record)] of a run folder: a single run is one, a `view-vote` run one per view (from
+    its records' samples, scored by `metric`). The folder holds one `predictions.jsonl` (a vote run's
+    `members/` folders are not read)."""
+    files = [f for f in sorted(Path(folder).rglob("predictions.jsonl")) if "members" not in f.relative_to(folder).parts]
+    if len(files) != 1:
+        raise SystemExit(f"error: {folder}: expected one predictions.jsonl under it, found {len(files)}; "
+                         f"pass a run's task folder")
+    records = [json.loads(line) for line in files[0].read_text(encoding="utf-8").splitlines()]
+    if records and records[0].get("samples"):
+        return [(f"{folder} :: {s['by']}", {r["id"]: r for r in member_records(records, s["by"], metric)})
+                for s in records[0]["samples"]]
+    return [(str(folder), {r["id"]: r for r in records})]
+
+
+def read_run(folder: str | Path) -> dict[Any, dict[str, Any]]:
+    """id -> record of a single run's folder (see `read_runs`)."""
+    return read_runs(folder)[0][1]
+
+
+def vote_outcomes(runs: Sequence[dict[Any, dict[str, Any]]], members: Sequence[int], lead: int,
+                  vote: str = "majority") -> list[dict[str, Any]]:
+    """Per example (ids every run has, in the lead's order): the record `view-vote` with `vote` over
+    `members` (indices into `runs`, the lead first) would keep: the chosen view's record."""
+    if lead not in members:
+        raise ValueError(f"the lead {lead} must be one of the voting members {list(members)}")
+    order = [lead] + [m for m in members if m != lead]
+    ids = [i for i in runs[order[0]] if all(i in runs[m] for m in order)]
+    out = []
+    for i in ids:
+        recs = [runs[m][i] for m in order]
+        confident = vote in ("weighted", "confident")  # as view-vote: majority ties go to the lead
+        out.append(recs[pick(vote, [r.get("extracted") for r in recs],
+                             [r.get("logprob") for r in recs] if confident else None,
+                             [r.get("num_tokens", 0) for r in recs])])
+    return out
+
+
+def compare_sets(runs: Sequence[dict[Any, dict[str, Any]]], sets: Sequence[Sequence[int]], lead: int,
+                 baseline: int, metric: str = "exact_match_number", votes: Sequence[str] = ("majority",)
+                 ) -> list[dict[str, Any]]:
+    """Each (set, vote)'s score, and its paired difference with run `baseline` (same ids)."""
+    rows = []
+    for members, vote in [(m, v) for m in sets for v in votes]:
+        voted = vote_outcomes(runs, members, lead if lead in members else members[0], vote)
+        base = [runs[baseline][r["id"]] for r in voted]
+        d = paired_bootstrap(metric, voted, base)
+        wtl = win_tie_loss([r["score"] for r in voted], [r["score"] for r in base])
+        rows.append({"members": list(members), "vote": vote, "n": len(voted), "score": sum(r["score"] for r in voted) / len(voted),
+                     "diff": d.diff, "ci": (d.ci_low, d.ci_high), "win_tie_loss": wtl})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.vote_sets", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="runs' folders: a single run is one view, a view-vote run one per view "
+                                           "(indices 0, 1, ... below, in the order listed)")
+    p.add_argument("--sets", required=True, help='";"-separated sets of run indices, e.g. "0,1,2;0,1,2,3,4"')
+    p.add_argument("--lead", type=int, default=0, help="index of the run that wins ties (default 0)")
+    p.add_argument("--baseline", type=int, default=0, help="index of the run each vote is paired with")
+    p.add_argument("--metric", default="exact_match_number")
+    p.add_argument("--votes", default="majority", help="comma-separated: majority, weighted, confident")
+    args = p.parse_args(argv)
+    named = [run for f in args.runs for run in read_runs(f, args.metric)]
+    runs = [r for _, r in named]
+    votes = [v.strip() for v in args.votes.split(",") if v.strip()]
+    if any(v not in ("majority", "weighted", "confident") for v in votes):
+        raise SystemExit(f"error: --votes {args.votes!r}: use majority, weighted and/or confident")
+    try:
+        sets = [[int(x) for x in s.split(",")] for s in args.sets.split(";") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"error: --sets {args.sets!r}: use run indices, e.g. \"0,1,2;0,1,2,3,4\"") from None
+    if any(not 0 <= m < len(runs) for s in sets for m in s):
+        raise SystemExit(f"error: --sets names a run index outside 0..{len(runs) - 1}")
+    for i, (name, run) in enumerate(named):
+        recs = list(run.values())
+        print(f"[{i}] {name}: {100 * sum(r['score'] for r in recs) / len(recs):.1f} (n={len(recs)})")
+    for row in compare_sets(runs, sets, args.lead, args.baseline, args.metric, votes):
+        lo, hi = row["ci"]
+        print(f"{row['vote']} {row['members']}: {100 * row['score']:.1f}  vs [{args.baseline}]: {100 * row['diff']:+.1f} "
+              f"[{100 * lo:+.1f}, {100 * hi:+.1f}]  w/t/l {row['win_tie_loss']}  n={row['n']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""eval.vote_sets: the view-vote rule read off single runs' answers (dev-row set choice)."""
+import json
+
+import pytest
+
+from eval.vote_sets import compare_sets, main, read_run, vote_outcomes
+
+
+def _run(answers, gold):
+    return {i: {"id": i, "extracted": a, "score": float(a == g)} for i, (a, g) in enumerate(zip(answers, gold))}
+
+
+GOLD = ["1", "2", "3", "4"]
+A = _run(["1", "9", "7", None], GOLD)   # the lead
+B = _run(["5", "2", "8", "4"], GOLD)
+C = _run(["5", "2", "3", "6"], GOLD)
+
+
+def test_majority_wins_and_ties_go_to_the_lead_then_member_order():
+    voted = vote_outcomes([A, B, C], [0, 1, 2], lead=0)
+    # ex 0: B and C agree on 5 (wrong) over the lead; ex 1: 2 by majority; ex 2: all differ -> lead's 7;
+    # ex 3: the lead has no answer, B's 4 and C's 6 tie -> the next member in order (B)
+    assert [r["extracted"] for r in voted] == ["5", "2", "7", "4"]
+    voted = vote_outcomes([A, B, C], [0, 1, 2], lead=2)
+    assert [r["extracted"] for r in voted] == ["5", "2", "3", "6"]
+
+
+def test_compare_sets_pairs_each_set_with_the_baseline():
+    rows = compare_sets([A, B, C], [[0, 1, 2], [1, 2]], lead=2, baseline=0)
+    assert rows[0]["score"] == pytest.approx(0.5) and rows[0]["diff"] == pytest.approx(0.25)
+    assert rows[0]["win_tie_loss"] == (2, 1, 1)
+    assert rows[1]["members"] == [1, 2] and rows[1]["n"] == 4
+
+
+def test_the_lead_must_vote():
+    with pytest.raises(ValueError, match="lead"):
+        vote_outcomes([A, B, C], [1, 2], lead=0)
+
+
+def test_cli_reads_run_folders_and_rejects_bad_sets(tmp_path, capsys):
+    dirs = []
+    for name, run in zip("abc", (A, B, C)):
+        d = tmp_path / name / "gsm8k"
+        d.mkdir(parents=True)
+        (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run.values()))
+        dirs.append(str(tmp_path / name))
+    assert read_run(dirs[0])[3]["extracted"] is None
+    assert main(dirs + ["--sets", "0,1,2", "--lead", "2"]) == 0
+    assert "majority [0, 1, 2]: 50.0" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="outside 0..2"):
+        main(dirs + ["--sets", "0,5"])
+    with pytest.raises(SystemExit, match="run indices"):
+        main(dirs + ["--sets", "a,b"])
+
+
+def test_confidence_votes_and_a_view_vote_run_read_as_one_run_per_view(tmp_path, capsys):
+    def sample(by, a, g, lp, n):
+        return {"by": by, "output": a, "extracted": a, "scores": {"exact_match_number": float(a == g)}, "stats": {},
+                "num_tokens": n, "finish_reason": "eos", "logprob": lp}
+    records = [{"id": 0, "gold": "1", "samples": [sample("lead", "1", "1", -4.0, 2), sample("b", "2", "1", -0.2, 2),
+                                                  sample("c", "3", "1", -0.4, 2)]},
+               {"id": 1, "gold": "2", "samples": [sample("lead", "5", "2", -0.1, 1), sample("b", "2", "2", -1.0, 1),
+                                                  sample("c", "2", "2", -3.0, 1)]}]
+    d = tmp_path / "vv" / "gsm8k"
+    (d / "members" / "lead").mkdir(parents=True)
+    (d / "members" / "lead" / "predictions.jsonl").write_text("")   # derived folders are not read
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    main([str(tmp_path / "vv"), "--sets", "0,1,2", "--votes", "majority,weighted,confident"])
+    out = capsys.readouterr().out
+    assert "[1] " in out and ":: b: 50.0" in out
+    # majority: ex 0 all differ -> the lead's 1 (right); ex 1: 2 wins 2-1 (right) -> 100
+    # weighted: ex 0: e^-0.1 for 2 beats e^-2 for 1 (wrong); ex 1: e^-1 + e^-3 = 0.42 < e^-0.1 -> 5 (wrong)
+    # confident: ex 0 -> b's 2 (wrong); ex 1 -> the lead's 5 (wrong)
+    assert "majority [0, 1, 2]: 100.0" in out and "weighted [0, 1, 2]: 0.0" in out and "confident [0, 1, 2]: 0.0" in out
+    with pytest.raises(SystemExit, match="use majority, weighted"):
+        main([str(tmp_path / "vv"), "--sets", "0,1", "--votes", "median"])
