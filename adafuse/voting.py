@@ -32,23 +32,27 @@ def normalise_answer(answer: str | None) -> str | None:
     return text or None
 
 
+def _tally(answers: Sequence[str | None], values: Sequence[float]) -> tuple[dict[str, int], dict[str, float]]:
+    """(answer -> index of its earliest sample, answer -> sum of its samples' `values`) over the
+    normalised answers; samples without an answer are left out."""
+    first: dict[str, int] = {}
+    total: dict[str, float] = {}
+    for i, a in enumerate(answers):
+        k = normalise_answer(a)
+        if k is not None:
+            first.setdefault(k, i)
+            total[k] = total.get(k, 0.0) + float(values[i])
+    return first, total
+
+
 def majority_vote(answers: Sequence[str | None], logprobs: Sequence[float] | None = None) -> int:
     """Index of the chosen sample (see the module docstring). `answers[i]`: sample i's extracted
     answer (None: none); `logprobs[i]`: its summed log-probability (None: ties go to the earliest)."""
-    keys = [normalise_answer(a) for a in answers]
-    first: dict[str, int] = {}
-    count: dict[str, int] = {}
-    mass: dict[str, float] = {}
-    for i, k in enumerate(keys):
-        if k is None:
-            continue
-        first.setdefault(k, i)
-        count[k] = count.get(k, 0) + 1
-        mass[k] = mass.get(k, 0.0) + (float(logprobs[i]) if logprobs is not None else 0.0)
+    first, count = _tally(answers, [1.0] * len(answers))
     if not count:
         return 0
-    best = max(count, key=lambda k: (count[k], mass[k] if logprobs is not None else 0.0, -first[k]))
-    return first[best]
+    _, mass = _tally(answers, logprobs if logprobs is not None else [0.0] * len(answers))
+    return first[max(count, key=lambda k: (count[k], mass[k], -first[k]))]
 
 
 def chrf(hypothesis: str, reference: str) -> float:
@@ -86,14 +90,7 @@ def confidences(logprobs: Sequence[float | None], num_tokens: Sequence[int]) -> 
 def weighted_vote(answers: Sequence[str | None], mean_logprobs: Sequence[float]) -> int:
     """Index of the chosen sample: the answer with the largest summed exp(mean token log-prob) over its
     samples wins (see the module docstring); with no answer at all: 0."""
-    keys = [normalise_answer(a) for a in answers]
-    first: dict[str, int] = {}
-    weight: dict[str, float] = {}
-    for i, k in enumerate(keys):
-        if k is None:
-            continue
-        first.setdefault(k, i)
-        weight[k] = weight.get(k, 0.0) + math.exp(float(mean_logprobs[i]))
+    first, weight = _tally(answers, [math.exp(float(c)) for c in mean_logprobs])
     if not weight:
         return 0
     return first[max(weight, key=lambda k: (weight[k], -first[k]))]

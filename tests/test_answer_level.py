@@ -5,7 +5,15 @@ import pytest
 import torch
 
 from adafuse.methods import get_method, run_method
-from adafuse.voting import confidences, consensus_pick, majority_vote, most_confident, normalise_answer, pick, weighted_vote
+from adafuse.voting import (
+    confidences,
+    consensus_pick,
+    majority_vote,
+    most_confident,
+    normalise_answer,
+    pick,
+    weighted_vote,
+)
 from runtime.errors import ConfigError
 from runtime.testing import bpe_tokenizer, tiny_member
 from runtime.views import make_view, parse_view
