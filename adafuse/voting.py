@@ -83,7 +83,7 @@ def confidences(logprobs: Sequence[float | None], num_tokens: Sequence[int]) -> 
     log-probability is a ValueError naming the fix: the samples' writer must record them."""
     if any(lp is None for lp in logprobs):
         raise ValueError("a confidence vote needs every sample's log-probability; the samples were written "
-                         "without them")
+                         "without them (view-vote and self-consistency runs record them: re-run with one)")
     return [float(lp) / n if n > 0 else 0.0 for lp, n in zip(logprobs, num_tokens)]
 
 

@@ -17,12 +17,12 @@ differently from its single run, so the two can differ on a few examples).
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from adafuse.voting import pick
+from eval.cli import OneLineParser
 from eval.paired import paired_bootstrap, win_tie_loss
 from eval.vote_members import member_records
 
@@ -33,8 +33,8 @@ def read_runs(folder: str | Path, metric: str = "exact_match_number") -> list[tu
     `members/` folders are not read)."""
     files = [f for f in sorted(Path(folder).rglob("predictions.jsonl")) if "members" not in f.relative_to(folder).parts]
     if len(files) != 1:
-        raise SystemExit(f"error: {folder}: expected one predictions.jsonl under it, found {len(files)}; "
-                         f"pass a run's task folder")
+        raise ValueError(f"{folder}: expected one predictions.jsonl under it, found {len(files)}; "
+                         f"pass a run's folder")
     records = [json.loads(line) for line in files[0].read_text(encoding="utf-8").splitlines()]
     if records and records[0].get("samples"):
         return [(f"{folder} :: {s['by']}", {r["id"]: r for r in member_records(records, s["by"], metric)})
@@ -81,7 +81,7 @@ def compare_sets(runs: Sequence[dict[Any, dict[str, Any]]], sets: Sequence[Seque
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eval.vote_sets", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m eval.vote_sets", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="runs' folders: a single run is one view, a view-vote run one per view "
                                            "(indices 0, 1, ... below, in the order listed)")
     p.add_argument("--sets", required=True, help='";"-separated sets of run indices, e.g. "0,1,2;0,1,2,3,4"')
@@ -90,21 +90,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--metric", default="exact_match_number")
     p.add_argument("--votes", default="majority", help="comma-separated: majority, weighted, confident")
     args = p.parse_args(argv)
-    named = [run for f in args.runs for run in read_runs(f, args.metric)]
-    runs = [r for _, r in named]
     votes = [v.strip() for v in args.votes.split(",") if v.strip()]
     if any(v not in ("majority", "weighted", "confident") for v in votes):
-        raise SystemExit(f"error: --votes {args.votes!r}: use majority, weighted and/or confident")
+        p.error(f"--votes {args.votes!r}: use majority, weighted and/or confident")
     try:
         sets = [[int(x) for x in s.split(",")] for s in args.sets.split(";") if s.strip()]
     except ValueError:
-        raise SystemExit(f"error: --sets {args.sets!r}: use run indices, e.g. \"0,1,2;0,1,2,3,4\"") from None
-    if any(not 0 <= m < len(runs) for s in sets for m in s):
-        raise SystemExit(f"error: --sets names a run index outside 0..{len(runs) - 1}")
+        p.error(f"--sets {args.sets!r}: use run indices, e.g. \"0,1,2;0,1,2,3,4\"")
+    try:
+        named = [run for f in args.runs for run in read_runs(f, args.metric)]
+        runs = [r for _, r in named]
+        if any(not 0 <= m < len(runs) for m in [args.lead, args.baseline, *(m for s in sets for m in s)]):
+            raise ValueError(f"--sets, --lead or --baseline names a run index outside 0..{len(runs) - 1}")
+        rows = compare_sets(runs, sets, args.lead, args.baseline, args.metric, votes)
+    except (ValueError, KeyError) as exc:  # a bad folder, index or lead; records without what a vote needs
+        p.error(str(exc).strip("'\""))
     for i, (name, run) in enumerate(named):
         recs = list(run.values())
         print(f"[{i}] {name}: {100 * sum(r['score'] for r in recs) / len(recs):.1f} (n={len(recs)})")
-    for row in compare_sets(runs, sets, args.lead, args.baseline, args.metric, votes):
+    for row in rows:
         lo, hi = row["ci"]
         print(f"{row['vote']} {row['members']}: {100 * row['score']:.1f}  vs [{args.baseline}]: {100 * row['diff']:+.1f} "
               f"[{100 * lo:+.1f}, {100 * hi:+.1f}]  w/t/l {row['win_tie_loss']}  n={row['n']}")

@@ -47,10 +47,16 @@ def test_cli_reads_run_folders_and_rejects_bad_sets(tmp_path, capsys):
     assert read_run(dirs[0])[3]["extracted"] is None
     assert main(dirs + ["--sets", "0,1,2", "--lead", "2"]) == 0
     assert "majority [0, 1, 2]: 50.0" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="outside 0..2"):
-        main(dirs + ["--sets", "0,5"])
-    with pytest.raises(SystemExit, match="run indices"):
-        main(dirs + ["--sets", "a,b"])
+    for args, says in ((["--sets", "0,5"], "outside 0..2"), (["--sets", "a,b"], "run indices"),
+                       (["--sets", "0,1", "--votes", "weighted"], "written without them"),   # no log-probs recorded
+                       (["--sets", "0,1", "--baseline", "3"], "outside 0..2")):
+        with pytest.raises(SystemExit) as info:
+            main(dirs + args)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and says in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path), "--sets", "0"])             # three predictions files under it
+    assert info.value.code == 2 and "expected one predictions.jsonl" in capsys.readouterr().err
 
 
 def test_confidence_votes_and_a_view_vote_run_read_as_one_run_per_view(tmp_path, capsys):
@@ -72,5 +78,6 @@ def test_confidence_votes_and_a_view_vote_run_read_as_one_run_per_view(tmp_path,
     # weighted: ex 0: e^-0.1 for 2 beats e^-2 for 1 (wrong); ex 1: e^-1 + e^-3 = 0.42 < e^-0.1 -> 5 (wrong)
     # confident: ex 0 -> b's 2 (wrong); ex 1 -> the lead's 5 (wrong)
     assert "majority [0, 1, 2]: 100.0" in out and "weighted [0, 1, 2]: 0.0" in out and "confident [0, 1, 2]: 0.0" in out
-    with pytest.raises(SystemExit, match="use majority, weighted"):
+    with pytest.raises(SystemExit) as info:
         main([str(tmp_path / "vv"), "--sets", "0,1", "--votes", "median"])
+    assert info.value.code == 2 and "use majority, weighted" in capsys.readouterr().err
