@@ -20,7 +20,8 @@ import math
 import re
 from typing import Callable, Sequence
 
-VOTES = ("majority", "consensus", "weighted", "confident")
+CONFIDENCE_VOTES = ("weighted", "confident")   # the votes that read log-probabilities
+VOTES = ("majority", "consensus", *CONFIDENCE_VOTES)
 
 
 def normalise_answer(answer: str | None) -> str | None:
@@ -114,9 +115,16 @@ def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | No
         return majority_vote(answers, logprobs)
     if vote == "consensus":
         return consensus_pick([a or "" for a in answers])
-    if vote in ("weighted", "confident"):
+    if vote in CONFIDENCE_VOTES:
         if logprobs is None or num_tokens is None:
             raise ValueError(f"vote {vote!r} needs the samples' log-probabilities and token counts")
         conf = confidences(logprobs, num_tokens)
         return weighted_vote(answers, conf) if vote == "weighted" else most_confident(answers, conf)
     raise ValueError(f"unknown vote {vote!r}; use one of {', '.join(VOTES)}")
+
+
+def view_pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | None],
+              num_tokens: Sequence[int]) -> int:
+    """`view-vote`'s choice among the views' answers, the lead's first: `pick`, except that a majority's
+    ties go to the earliest answer (the lead), not to log-probabilities."""
+    return pick(vote, answers, logprobs if vote in CONFIDENCE_VOTES else None, num_tokens)

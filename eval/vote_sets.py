@@ -4,9 +4,9 @@ A view's greedy answer to an example does not depend on which other views vote, 
 vote of any set of views can be read off one single run per view (`predictions.jsonl` with
 `extracted` and `score`), or off one `view-vote` run whose records keep every view's answer (its
 `samples`: each becomes a run, `eval.vote_members.member_records`), without a vote run per set.
-`vote_outcomes` applies `adafuse.voting.pick` exactly as `view-vote` does (majority: ties to the lead,
-then member order; "weighted" / "confident": the views' recorded log-probabilities) and returns the
-chosen answer's record per example; `compare_sets` pairs each (set, vote) with a baseline run.
+`vote_outcomes` applies `adafuse.voting.view_pick`, the rule `view-vote` itself calls (majority: ties
+to the lead, then member order; "weighted" / "confident": the views' recorded log-probabilities) and
+returns the chosen answer's record per example; `compare_sets` pairs each (set, vote) with a baseline run.
 
 This is a dev-row tool for choosing a set before a test run (`docs/results/views.md`): test tables
 come from `view-vote` runs themselves (in bfloat16 a view's rows in a larger batch can round
@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from adafuse.voting import pick
+from adafuse.voting import CONFIDENCE_VOTES, view_pick
 from eval.cli import OneLineParser
 from eval.paired import paired_bootstrap, win_tie_loss
 from eval.vote_members import member_records
@@ -58,10 +58,8 @@ def vote_outcomes(runs: Sequence[dict[Any, dict[str, Any]]], members: Sequence[i
     out = []
     for i in ids:
         recs = [runs[m][i] for m in order]
-        confident = vote in ("weighted", "confident")  # as view-vote: majority ties go to the lead
-        out.append(recs[pick(vote, [r.get("extracted") for r in recs],
-                             [r.get("logprob") for r in recs] if confident else None,
-                             [r.get("num_tokens", 0) for r in recs])])
+        out.append(recs[view_pick(vote, [r.get("extracted") for r in recs], [r.get("logprob") for r in recs],
+                                  [r.get("num_tokens", 0) for r in recs])])
     return out
 
 
@@ -91,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--votes", default="majority", help="comma-separated: majority, weighted, confident")
     args = p.parse_args(argv)
     votes = [v.strip() for v in args.votes.split(",") if v.strip()]
-    if any(v not in ("majority", "weighted", "confident") for v in votes):
+    if any(v not in ("majority", *CONFIDENCE_VOTES) for v in votes):
         p.error(f"--votes {args.votes!r}: use majority, weighted and/or confident")
     try:
         sets = [[int(x) for x in s.split(",")] for s in args.sets.split(";") if s.strip()]

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from adafuse.methods.base import GenerationRequest, Method, register_method
-from adafuse.voting import VOTES, normalise_answer, pick
+from adafuse.voting import VOTES, normalise_answer, pick, view_pick
 from runtime.errors import ConfigError
 from runtime.forward_group import run_members
 from runtime.member import Member
@@ -179,7 +179,6 @@ class ViewVote(Method):
             samples = [VoteSample(written[m][b].text, a, members[m].name, written[m][b].finish_reason,
                                   written[m][b].num_tokens, written[m][b].stats.get("logprob"))
                        for m, a in zip(order, answers)]
-            confident = options.vote in ("weighted", "confident")   # majority: ties to the lead, not log-probs
-            per_prompt.append((samples, pick(options.vote, answers, [x.logprob for x in samples] if confident else None,
-                                             [x.num_tokens for x in samples])))
+            per_prompt.append((samples, view_pick(options.vote, answers, [x.logprob for x in samples],
+                                                  [x.num_tokens for x in samples])))
         return _outputs(self.name, options.vote, per_prompt, meter.cost())
