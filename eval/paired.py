@@ -6,9 +6,11 @@ Pure functions over per-example records of two runs of one task (the `prediction
   metrics (exact match, accuracy) average per-example scores; corpus metrics (BLEU, chrF) re-sum
   the per-segment sacreBLEU statistics of the drawn segments (segment-resampled corpus scores).
 - `win_tie_loss`: how many examples A scores above / equal to / below B (per-example primary score).
+- `mcnemar_exact`: the exact two-sided McNemar p-value of won vs lost examples (ties carry no evidence).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -74,6 +76,16 @@ def win_tie_loss(a: Sequence[float], b: Sequence[float], tol: float = 1e-12) -> 
     wins = sum(1 for x, y in zip(a, b) if x > y + tol)
     losses = sum(1 for x, y in zip(a, b) if x < y - tol)
     return wins, len(a) - wins - losses, losses
+
+
+def mcnemar_exact(wins: int, losses: int) -> float:
+    """Exact two-sided McNemar p-value: P(a Binomial(wins + losses, 1/2) count is as far from the
+    middle as `wins`), doubled and capped at 1; 1.0 when nothing was won or lost."""
+    n, k = wins + losses, min(wins, losses)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def align(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> tuple[list[dict], list[dict]]:

@@ -7,13 +7,16 @@ vote of any set of views can be read off one single run per view (`predictions.j
 `vote_outcomes` applies `adafuse.voting.view_pick`, the rule `view-vote` itself calls (majority: ties
 to the lead, then member order; "weighted" / "confident": the views' recorded log-probabilities) and
 returns the chosen answer's record per example; `compare_sets` pairs each (set, vote) with a baseline run.
+A run argument `A+B` pools the records of run folders of the same runs on disjoint rows (a second look
+at a declared test: give it the level the declaration names, `--level`).
 
 This is a dev-row tool for choosing a set before a test run (`docs/results/views.md`): test tables
 come from `view-vote` runs themselves (in bfloat16 a view's rows in a larger batch can round
 differently from its single run, so the two can differ on a few examples).
 
     python -m eval.vote_sets RUN_DIR [RUN_DIR ...] --sets "0,1,2;0,1,2,3,4" [--lead I] [--baseline I]
-        [--votes majority,weighted,confident]    (a view-vote run's folder counts as one run per view)
+        [--votes majority,weighted,confident] [--level 0.95] [--draws 1000]
+        (a view-vote run's folder counts as one run per view; `DIR_A+DIR_B` pools disjoint rows)
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from typing import Any, Sequence
 
 from adafuse.voting import CONFIDENCE_VOTES, view_pick
 from eval.cli import OneLineParser
-from eval.paired import paired_bootstrap, win_tie_loss
+from eval.paired import mcnemar_exact, paired_bootstrap, win_tie_loss
 from eval.vote_members import member_records
 
 
@@ -40,6 +43,26 @@ def read_runs(folder: str | Path, metric: str = "exact_match_number") -> list[tu
         return [(f"{folder} :: {s['by']}", {r["id"]: r for r in member_records(records, s["by"], metric)})
                 for s in records[0]["samples"]]
     return [(str(folder), {r["id"]: r for r in records})]
+
+
+def read_pooled(spec: str, metric: str = "exact_match_number") -> list[tuple[str, dict[Any, dict[str, Any]]]]:
+    """`read_runs` of a folder, or of `A+B+...`: the same runs' records over the folders' rows pooled
+    (each folder must hold the same runs, on rows no other folder has)."""
+    if Path(spec).exists() or "+" not in spec:
+        return read_runs(spec, metric)
+    parts = [read_runs(f, metric) for f in spec.split("+")]
+    if len({len(p) for p in parts}) != 1:
+        raise ValueError(f"{spec}: the pooled folders hold different numbers of runs "
+                         f"({', '.join(str(len(p)) for p in parts)}); pool folders of the same runs")
+    pooled = []
+    for runs in zip(*parts):
+        merged: dict[Any, dict[str, Any]] = {}
+        for _, recs in runs:
+            if merged.keys() & recs.keys():
+                raise ValueError(f"{spec}: the pooled folders share example ids; pool disjoint rows only")
+            merged.update(recs)
+        pooled.append((" + ".join(name for name, _ in runs), merged))
+    return pooled
 
 
 def read_run(folder: str | Path) -> dict[Any, dict[str, Any]]:
@@ -64,30 +87,38 @@ def vote_outcomes(runs: Sequence[dict[Any, dict[str, Any]]], members: Sequence[i
 
 
 def compare_sets(runs: Sequence[dict[Any, dict[str, Any]]], sets: Sequence[Sequence[int]], lead: int,
-                 baseline: int, metric: str = "exact_match_number", votes: Sequence[str] = ("majority",)
-                 ) -> list[dict[str, Any]]:
-    """Each (set, vote)'s score, and its paired difference with run `baseline` (same ids)."""
+                 baseline: int, metric: str = "exact_match_number", votes: Sequence[str] = ("majority",),
+                 level: float = 0.95, draws: int = 1000) -> list[dict[str, Any]]:
+    """Each (set, vote)'s score, and its paired difference with run `baseline` (same ids): a `level`
+    paired bootstrap interval over `draws` resamples, won / tied / lost and McNemar's exact p."""
     rows = []
     for members, vote in [(m, v) for m in sets for v in votes]:
         voted = vote_outcomes(runs, members, lead if lead in members else members[0], vote)
         base = [runs[baseline][r["id"]] for r in voted]
-        d = paired_bootstrap(metric, voted, base)
+        d = paired_bootstrap(metric, voted, base, n_resamples=draws, alpha=1 - level)
         wtl = win_tie_loss([r["score"] for r in voted], [r["score"] for r in base])
         rows.append({"members": list(members), "vote": vote, "n": len(voted), "score": sum(r["score"] for r in voted) / len(voted),
-                     "diff": d.diff, "ci": (d.ci_low, d.ci_high), "win_tie_loss": wtl})
+                     "diff": d.diff, "ci": (d.ci_low, d.ci_high), "win_tie_loss": wtl,
+                     "mcnemar_p": mcnemar_exact(wtl[0], wtl[2])})
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = OneLineParser(prog="python -m eval.vote_sets", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="runs' folders: a single run is one view, a view-vote run one per view "
-                                           "(indices 0, 1, ... below, in the order listed)")
+                                           "(indices 0, 1, ... below, in the order listed); A+B pools disjoint rows")
     p.add_argument("--sets", required=True, help='";"-separated sets of run indices, e.g. "0,1,2;0,1,2,3,4"')
     p.add_argument("--lead", type=int, default=0, help="index of the run that wins ties (default 0)")
     p.add_argument("--baseline", type=int, default=0, help="index of the run each vote is paired with")
     p.add_argument("--metric", default="exact_match_number")
     p.add_argument("--votes", default="majority", help="comma-separated: majority, weighted, confident")
+    p.add_argument("--level", type=float, default=0.95, help="the intervals' confidence level (default 0.95)")
+    p.add_argument("--draws", type=int, default=1000, help="paired bootstrap resamples (default 1000)")
     args = p.parse_args(argv)
+    if not 0 < args.level < 1:
+        p.error(f"--level {args.level}: use a confidence level between 0 and 1, e.g. 0.95")
+    if args.draws < 1:
+        p.error(f"--draws {args.draws}: use a positive number of resamples, e.g. 10000")
     votes = [v.strip() for v in args.votes.split(",") if v.strip()]
     if any(v not in ("majority", *CONFIDENCE_VOTES) for v in votes):
         p.error(f"--votes {args.votes!r}: use majority, weighted and/or confident")
@@ -96,11 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         p.error(f"--sets {args.sets!r}: use run indices, e.g. \"0,1,2;0,1,2,3,4\"")
     try:
-        named = [run for f in args.runs for run in read_runs(f, args.metric)]
+        named = [run for f in args.runs for run in read_pooled(f, args.metric)]
         runs = [r for _, r in named]
         if any(not 0 <= m < len(runs) for m in [args.lead, args.baseline, *(m for s in sets for m in s)]):
             raise ValueError(f"--sets, --lead or --baseline names a run index outside 0..{len(runs) - 1}")
-        rows = compare_sets(runs, sets, args.lead, args.baseline, args.metric, votes)
+        rows = compare_sets(runs, sets, args.lead, args.baseline, args.metric, votes, args.level, args.draws)
     except (ValueError, KeyError) as exc:  # a bad folder, index or lead; records without what a vote needs
         p.error(str(exc).strip("'\""))
     for i, (name, run) in enumerate(named):
@@ -109,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in rows:
         lo, hi = row["ci"]
         print(f"{row['vote']} {row['members']}: {100 * row['score']:.1f}  vs [{args.baseline}]: {100 * row['diff']:+.1f} "
-              f"[{100 * lo:+.1f}, {100 * hi:+.1f}]  w/t/l {row['win_tie_loss']}  n={row['n']}")
+              f"[{100 * lo:+.1f}, {100 * hi:+.1f}] ({100 * args.level:g} %)  w/t/l {row['win_tie_loss']}  "
+              f"McNemar p={row['mcnemar_p']:.3f}  n={row['n']}")
     return 0
 
 

@@ -151,3 +151,10 @@ def test_ensemble_table_compares_each_ensemble_with_its_best_member(tmp_path: Pa
             {"run": "y", "score": 0.0, "metrics": {"exact_match": {"value": 0.0}, "f1": {"value": 0.1}}},
             {"run": "z", "score": 0.0, "metrics": {"exact_match": {"value": 0.0}, "f1": {"value": 0.1}}}]
     assert _best(tied)["run"] == "y"                           # an exact-match tie goes to the better F1, then the first
+
+
+def test_mcnemar_exact_hand_cases():
+    from eval.paired import mcnemar_exact
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(3, 3) == 1.0
+    assert mcnemar_exact(5, 0) == pytest.approx(2 / 32)           # 2 * P(X <= 0), X ~ Bin(5, 1/2)
+    assert mcnemar_exact(21, 10) == pytest.approx(0.0708, abs=1e-4) == mcnemar_exact(10, 21)

@@ -81,3 +81,31 @@ def test_confidence_votes_and_a_view_vote_run_read_as_one_run_per_view(tmp_path,
     with pytest.raises(SystemExit) as info:
         main([str(tmp_path / "vv"), "--sets", "0,1", "--votes", "median"])
     assert info.value.code == 2 and "use majority, weighted" in capsys.readouterr().err
+
+
+def _write(folder, run):
+    d = folder / "gsm8k"
+    d.mkdir(parents=True)
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run.values()))
+    return str(folder)
+
+
+def _shifted(run, by):
+    return {i + by: {**r, "id": i + by} for i, r in run.items()}
+
+
+def test_pooled_folders_join_disjoint_rows_and_refuse_shared_ids(tmp_path, capsys):
+    first = [_write(tmp_path / "p1" / n, r) for n, r in zip("abc", (A, B, C))]
+    second = [_write(tmp_path / "p2" / n, _shifted(r, 10)) for n, r in zip("abc", (A, B, C))]
+    pooled = [f"{x}+{y}" for x, y in zip(first, second)]
+    assert main(pooled + ["--sets", "0,1,2", "--lead", "2", "--level", "0.9706", "--draws", "200"]) == 0
+    out = capsys.readouterr().out
+    # the same four examples twice over: the same score, n doubled, won / lost doubled
+    assert "majority [0, 1, 2]: 50.0" in out and "n=8" in out and "(4, 2, 2)" in out and "97.06 %" in out
+    with pytest.raises(SystemExit) as info:
+        main([f"{first[0]}+{first[0]}", "--sets", "0"])
+    assert info.value.code == 2 and "share example ids" in capsys.readouterr().err
+    for args, says in ((["--level", "95"], "between 0 and 1"), (["--draws", "0"], "positive number")):
+        with pytest.raises(SystemExit) as info:
+            main(first + ["--sets", "0,1,2"] + args)
+        assert info.value.code == 2 and says in capsys.readouterr().err
