@@ -12,13 +12,15 @@
   largest summed confidence wins; ties go to the one whose first sample comes earliest.
 - `most_confident`: the single sample with the highest mean token log-probability among those with an
   answer (ties: the earliest).
+- `rerank_pick` (sample-rerank read off its records): the candidate with the highest mean of the scorers'
+  normalised log-probabilities of it (ties: the earliest).
 Confidences need each sample's summed log-probability and token count (`confidences`).
 """
 from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 CONFIDENCE_VOTES = ("weighted", "confident")   # the votes that read log-probabilities
 VOTES = ("majority", "consensus", *CONFIDENCE_VOTES)
@@ -104,6 +106,20 @@ def most_confident(answers: Sequence[str | None], mean_logprobs: Sequence[float]
     if not keys:
         return 0
     return max(keys, key=lambda i: (float(mean_logprobs[i]), -i))
+
+
+def rerank_pick(cross: Sequence[Mapping[str, float]], scorers: Sequence[str]) -> int:
+    """Index of the candidate whose mean score over `scorers` is highest (the earliest on ties);
+    `cross[i][name]`: scorer `name`'s normalised log-probability of candidate i (sample-rerank's
+    `cross`). A candidate without a scorer's score is a ValueError."""
+    if not cross:
+        return 0
+    missing = [name for c in cross for name in scorers if name not in c]
+    if missing:
+        raise ValueError(f"no score of a candidate by {missing[0]!r}: a rerank reads sample-rerank runs whose members "
+                         f"include every scorer")
+    means = [sum(float(c[name]) for name in scorers) / len(scorers) for c in cross]
+    return max(range(len(cross)), key=lambda i: (means[i], -i))
 
 
 def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | None] | None = None,

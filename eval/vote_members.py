@@ -32,7 +32,8 @@ def sample_records(task, doc, samples: list[Any]) -> list[dict[str, Any]]:
         extracted = task.extract(s.text)
         scores, stats = task.score(extracted, doc)
         out.append({"by": s.by, "output": s.text, "extracted": extracted, "scores": scores, "stats": stats,
-                    "num_tokens": s.num_tokens, "finish_reason": s.finish, "logprob": s.logprob})
+                    "num_tokens": s.num_tokens, "finish_reason": s.finish, "logprob": s.logprob,
+                    **({"cross": s.cross} if s.cross is not None else {})})
     return out
 
 
@@ -43,10 +44,10 @@ def member_records(records: list[dict[str, Any]], by: str, primary: str) -> list
         s = next((s for s in r.get("samples") or [] if s["by"] == by), None)
         if s is None:
             return []
-        out.append({"id": r["id"], "prompt": r.get("prompt"), "output": s["output"], "extracted": s["extracted"],
+        out.append({"id": r["id"], "by": by, "prompt": r.get("prompt"), "output": s["output"], "extracted": s["extracted"],
                     "gold": r["gold"], "score": s["scores"][primary], "scores": s["scores"], "stats": s["stats"],
                     "num_tokens": s["num_tokens"], "finish_reason": s["finish_reason"], "logprob": s.get("logprob"),
-                    "cost": {}, "wall_s": 0.0,
+                    **({"cross": s["cross"]} if "cross" in s else {}), "cost": {}, "wall_s": 0.0,
                     "proc": r.get("proc")})
     return out
 

@@ -24,10 +24,13 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from adafuse.voting import CONFIDENCE_VOTES, view_pick
+from adafuse.voting import CONFIDENCE_VOTES, rerank_pick, view_pick
 from eval.cli import OneLineParser
-from eval.paired import mcnemar_exact, paired_bootstrap, win_tie_loss
+from eval.metrics import CORPUS_METRICS
+from eval.paired import _scorer, example_score, mcnemar_exact, paired_bootstrap, win_tie_loss
 from eval.vote_members import member_records
+
+SET_VOTES = ("majority", "consensus", *CONFIDENCE_VOTES, "rerank")
 
 
 def read_runs(folder: str | Path, metric: str = "exact_match_number") -> list[tuple[str, dict[Any, dict[str, Any]]]]:
@@ -81,9 +84,23 @@ def vote_outcomes(runs: Sequence[dict[Any, dict[str, Any]]], members: Sequence[i
     out = []
     for i in ids:
         recs = [runs[m][i] for m in order]
-        out.append(recs[view_pick(vote, [r.get("extracted") for r in recs], [r.get("logprob") for r in recs],
-                                  [r.get("num_tokens", 0) for r in recs])])
+        if vote == "rerank":
+            if any("cross" not in r or "by" not in r for r in recs):
+                raise ValueError("vote 'rerank' reads every view's scores of every answer: pass a sample-rerank "
+                                 "run's folder (its records keep them)")
+            out.append(recs[rerank_pick([r["cross"] for r in recs], [r["by"] for r in recs])])
+        else:
+            out.append(recs[view_pick(vote, [r.get("extracted") for r in recs], [r.get("logprob") for r in recs],
+                                      [r.get("num_tokens", 0) for r in recs])])
     return out
+
+
+def metric_value(metric: str, records: Sequence[dict[str, Any]]) -> float:
+    """`metric` over `records` on a 0-100 scale: a corpus score (BLEU, chrF) from the records' statistics,
+    else the mean per-example score times 100."""
+    if metric in CORPUS_METRICS:
+        return _scorer(metric, records, {})(list(range(len(records))))
+    return 100 * sum(example_score(r, metric) for r in records) / max(len(records), 1)
 
 
 def compare_sets(runs: Sequence[dict[Any, dict[str, Any]]], sets: Sequence[Sequence[int]], lead: int,
@@ -96,9 +113,10 @@ def compare_sets(runs: Sequence[dict[Any, dict[str, Any]]], sets: Sequence[Seque
         voted = vote_outcomes(runs, members, lead if lead in members else members[0], vote)
         base = [runs[baseline][r["id"]] for r in voted]
         d = paired_bootstrap(metric, voted, base, n_resamples=draws, alpha=1 - level)
-        wtl = win_tie_loss([r["score"] for r in voted], [r["score"] for r in base])
-        rows.append({"members": list(members), "vote": vote, "n": len(voted), "score": sum(r["score"] for r in voted) / len(voted),
-                     "diff": d.diff, "ci": (d.ci_low, d.ci_high), "win_tie_loss": wtl,
+        wtl = win_tie_loss([example_score(r, metric) for r in voted], [example_score(r, metric) for r in base])
+        scale = 1 if metric in CORPUS_METRICS else 100   # to the 0-100 scale of `metric_value`
+        rows.append({"members": list(members), "vote": vote, "n": len(voted), "score": metric_value(metric, voted),
+                     "diff": scale * d.diff, "ci": (scale * d.ci_low, scale * d.ci_high), "win_tie_loss": wtl,
                      "mcnemar_p": mcnemar_exact(wtl[0], wtl[2])})
     return rows
 
@@ -111,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lead", type=int, default=0, help="index of the run that wins ties (default 0)")
     p.add_argument("--baseline", type=int, default=0, help="index of the run each vote is paired with")
     p.add_argument("--metric", default="exact_match_number")
-    p.add_argument("--votes", default="majority", help="comma-separated: majority, weighted, confident")
+    p.add_argument("--votes", default="majority", help="comma-separated: majority, consensus (MBR with chrF), "
+                                                      "weighted, confident, rerank (sample-rerank runs)")
     p.add_argument("--level", type=float, default=0.95, help="the intervals' confidence level (default 0.95)")
     p.add_argument("--draws", type=int, default=1000, help="paired bootstrap resamples (default 1000)")
     args = p.parse_args(argv)
@@ -120,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.draws < 1:
         p.error(f"--draws {args.draws}: use a positive number of resamples, e.g. 10000")
     votes = [v.strip() for v in args.votes.split(",") if v.strip()]
-    if any(v not in ("majority", *CONFIDENCE_VOTES) for v in votes):
-        p.error(f"--votes {args.votes!r}: use majority, weighted and/or confident")
+    if any(v not in SET_VOTES for v in votes):
+        p.error(f"--votes {args.votes!r}: use {', '.join(SET_VOTES)}")
     try:
         sets = [[int(x) for x in s.split(",")] for s in args.sets.split(";") if s.strip()]
     except ValueError:
@@ -136,11 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(exc).strip("'\""))
     for i, (name, run) in enumerate(named):
         recs = list(run.values())
-        print(f"[{i}] {name}: {100 * sum(r['score'] for r in recs) / len(recs):.1f} (n={len(recs)})")
+        print(f"[{i}] {name}: {metric_value(args.metric, recs):.1f} (n={len(recs)})")
     for row in rows:
         lo, hi = row["ci"]
-        print(f"{row['vote']} {row['members']}: {100 * row['score']:.1f}  vs [{args.baseline}]: {100 * row['diff']:+.1f} "
-              f"[{100 * lo:+.1f}, {100 * hi:+.1f}] ({100 * args.level:g} %)  w/t/l {row['win_tie_loss']}  "
+        print(f"{row['vote']} {row['members']}: {row['score']:.1f}  vs [{args.baseline}]: {row['diff']:+.1f} "
+              f"[{lo:+.1f}, {hi:+.1f}] ({100 * args.level:g} %)  w/t/l {row['win_tie_loss']}  "
               f"McNemar p={row['mcnemar_p']:.3f}  n={row['n']}")
     return 0
 

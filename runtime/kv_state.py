@@ -41,6 +41,28 @@ from runtime.sampling import logits_to_probs
 from runtime.tree_mask import TreeInputs, tree_inputs
 
 
+
+# float32 logits one `score` forward of one state may hold (bytes): views run together stack their
+# states' forwards, so a stacked forward holds up to this much per view
+SCORE_LOGITS_BYTES = 2 ** 28
+
+
+def score_groups(continuations: Sequence[Sequence[Sequence[int]]], max_positions: int) -> list[tuple[int, int]]:
+    """Consecutive ranges [lo, hi) of continuation indices such that each forward's logits grid (rows x
+    the longest row's tokens in the range: rows are padded) stays within `max_positions`; a range holds
+    at least one index; one range when everything fits (also when there are no continuations)."""
+    rows, width = len(continuations), max((len(c) for c in continuations), default=0)
+    ranges, lo = [], 0
+    used = [0] * rows
+    for i in range(width):
+        need = [len(conts[i]) if i < len(conts) else 0 for conts in continuations]
+        if i > lo and rows * max(u + n for u, n in zip(used, need)) > max_positions:
+            ranges.append((lo, i))
+            lo, used = i, [0] * rows
+        used = [u + n for u, n in zip(used, need)]
+    ranges.append((lo, max(width, lo)))
+    return ranges
+
 class KVState:
     """Token ids + KV cache of a batch of rows of one member. See the module docstring."""
 
@@ -328,14 +350,28 @@ class KVState:
         self._trim()
 
     @torch.no_grad()
-    def score(self, continuations: Sequence[Sequence[Sequence[int]]]) -> list[list[torch.Tensor]]:
-        """Log-probs of each continuation's tokens given each row's committed prefix, in one forward
-        (continuations become branches of a tree; nothing is committed). Returns, per row and per
-        continuation, a float32 tensor [len(continuation)]."""
+    def score(self, continuations: Sequence[Sequence[Sequence[int]]],
+              logits_budget: int = SCORE_LOGITS_BYTES) -> list[list[torch.Tensor]]:
+        """Log-probs of each continuation's tokens given each row's committed prefix (continuations
+        become branches of a tree; nothing is committed). Returns, per row and per continuation, a
+        float32 tensor [len(continuation)]. One forward when the float32 logits of every row's
+        continuations fit in `logits_budget` bytes; else consecutive groups of continuations (the
+        same ones of every row) go in one forward each, each group within the budget where one
+        continuation per row fits (8 rows x 8 answers of 40 tokens x a 152k vocabulary are 1.6 GB of
+        logits in one forward; eight views stacked, 12 GB)."""
         if self.last_logits is None:
             raise RuntimeError("empty state: append a prompt first")
         self._discard_tree()
         self._refresh()
+        last_lp = torch.log_softmax(self.last_logits.float(), dim=-1)
+        out: list[list[torch.Tensor]] = [[] for _ in continuations]
+        for lo, hi in score_groups(continuations, max(1, logits_budget // (4 * self.member.vocab_size))):
+            self._score_group([conts[lo:hi] for conts in continuations], last_lp, out)
+        return out
+
+    def _score_group(self, continuations: Sequence[Sequence[Sequence[int]]], last_lp: torch.Tensor,
+                     out: list[list[torch.Tensor]]) -> None:
+        """`score` of some continuations per row, in one forward; appends to `out[b]`."""
         tokens, parents, spans = [], [], []
         for conts in continuations:
             t, p, s = [], [], []
@@ -350,20 +386,15 @@ class KVState:
         logits, first = self._forward(tokens, parents, "all")
         self.slot_pos[:, first:] = -1
         self._trim()
-        last_lp = torch.log_softmax(self.last_logits.float(), dim=-1)
-        out: list[list[torch.Tensor]] = []
         for b, conts in enumerate(continuations):
-            row = []
             lp = torch.log_softmax(logits[b], dim=-1) if logits is not None and tokens[b] else None
             for c, (start, n) in zip(conts, spans[b]):
                 if n == 0:
-                    row.append(torch.zeros(0))
+                    out[b].append(torch.zeros(0))
                     continue
                 ids = torch.tensor(c, device=last_lp.device)
                 prev = torch.cat([last_lp[b : b + 1], lp[start : start + n - 1]], dim=0)
-                row.append(prev.gather(-1, ids[:, None]).squeeze(-1).cpu())
-            out.append(row)
-        return out
+                out[b].append(prev.gather(-1, ids[:, None]).squeeze(-1).cpu())
 
     def rollback(self, lengths: Sequence[int]) -> None:
         """Shorten row b to `lengths[b]` tokens (>= 1; no-op where equal). A shortened row's

@@ -76,6 +76,13 @@ def test_answers_scores_and_choice(pair, mode):
             best = int(torch.argmax(mean))
             assert out.trace.chosen == best and out.text == answers[best].text
             assert out.trace.answers[best].mean == pytest.approx(float(mean[best]), abs=2e-4)
+            # the recorded samples: one per writer, its own token count, every member's score of it
+            samples = out.trace.samples
+            assert [s.by for s in samples] == [m.name for m in pair]
+            for m, g in zip(pair, greedy):
+                s = next(s for s in samples if s.by == m.name)
+                assert s.text == g[b].text and s.num_tokens == g[b].num_tokens
+                assert s.cross == dict(zip(out.trace.members, answers[[a.text for a in answers].index(s.text)].scores))
             chosen.append(best)
         chosen_by_weights.append(tuple(chosen))
         assert set(outs[0].cost.forward_passes) == {"char", "bpe"}

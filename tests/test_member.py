@@ -248,6 +248,20 @@ def test_batched_scoring_equals_one_by_one(arch):
             ref = torch.log_softmax(full_logits(m, prompt + c), -1)
             want = ref[len(prompt) - 1 : -1].gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
             torch.testing.assert_close(got, want, **TOL)
+    # a logits budget that holds one continuation per row: one forward per group, the same scores
+    small = m.start([p1, p2]).score(conts, logits_budget=4 * V * 2 * 5)
+    for row, row_small in zip(batched, small):
+        for got, want in zip(row_small, row):
+            torch.testing.assert_close(got, want, **TOL)
+
+
+def test_score_groups_keep_each_forward_within_the_budget():
+    from runtime.kv_state import score_groups
+    conts = [[[1] * 3, [1] * 1, [1] * 5], [[1] * 2]]   # 2 rows, padded to the longest row's tokens
+    assert score_groups(conts, 100) == [(0, 3)]          # everything in one forward
+    assert score_groups(conts, 2 * 5) == [(0, 2), (2, 3)]  # 2 x max(3+1, 2) = 8 fits, + 5 would not
+    assert score_groups(conts, 1) == [(0, 1), (1, 2), (2, 3)]  # at least one continuation per forward
+    assert score_groups([], 4) == [(0, 0)] and score_groups([[], []], 4) == [(0, 0)]
 
 
 def test_generate_batched_equals_per_row_and_seeded():

@@ -27,7 +27,8 @@ def test_majority_wins_and_ties_go_to_the_lead_then_member_order():
 
 def test_compare_sets_pairs_each_set_with_the_baseline():
     rows = compare_sets([A, B, C], [[0, 1, 2], [1, 2]], lead=2, baseline=0)
-    assert rows[0]["score"] == pytest.approx(0.5) and rows[0]["diff"] == pytest.approx(0.25)
+    assert rows[0]["score"] == pytest.approx(50) and rows[0]["diff"] == pytest.approx(25)   # on a 0-100 scale
+    assert rows[0]["ci"][0] <= 25 <= rows[0]["ci"][1]                                      # the interval too
     assert rows[0]["win_tie_loss"] == (2, 1, 1)
     assert rows[1]["members"] == [1, 2] and rows[1]["n"] == 4
 
@@ -80,7 +81,7 @@ def test_confidence_votes_and_a_view_vote_run_read_as_one_run_per_view(tmp_path,
     assert "majority [0, 1, 2]: 100.0" in out and "weighted [0, 1, 2]: 0.0" in out and "confident [0, 1, 2]: 0.0" in out
     with pytest.raises(SystemExit) as info:
         main([str(tmp_path / "vv"), "--sets", "0,1", "--votes", "median"])
-    assert info.value.code == 2 and "use majority, weighted" in capsys.readouterr().err
+    assert info.value.code == 2 and "use majority, consensus, weighted" in capsys.readouterr().err
 
 
 def _write(folder, run):
@@ -109,3 +110,36 @@ def test_pooled_folders_join_disjoint_rows_and_refuse_shared_ids(tmp_path, capsy
         with pytest.raises(SystemExit) as info:
             main(first + ["--sets", "0,1,2"] + args)
         assert info.value.code == 2 and says in capsys.readouterr().err
+
+
+def _mt_sample(by, text, ref, cross):
+    from sacrebleu.metrics import BLEU
+    stats = [int(v) for v in BLEU()._extract_corpus_statistics([text], [[ref]])[0]]
+    return {"by": by, "output": text, "extracted": text, "scores": {"bleu": BLEU().sentence_score(text, [ref]).score},
+            "stats": {"bleu": stats}, "num_tokens": 3, "finish_reason": "eos", "logprob": None, "cross": cross}
+
+
+def test_rerank_and_consensus_read_off_a_sample_rerank_run_with_corpus_bleu(tmp_path, capsys):
+    refs = ["the cat sat on the mat", "a dog ran in the park"]
+    # per example, each writer's translation and every scorer's normalised log-prob of it
+    texts = [["the cat sat on a mat", "the cat sat on the mat", "cat mat"],
+             ["a dog ran in a park", "one dog runs", "a dog ran in the park"]]
+    cross = [[{"a": -0.5, "b": -0.9, "c": -0.2}, {"a": -0.6, "b": -0.1, "c": -0.5}, {"a": -0.1, "b": -2.0, "c": -0.1}],
+             [{"a": -0.2, "b": -0.3, "c": -0.4}, {"a": -0.9, "b": -0.1, "c": -0.9}, {"a": -0.3, "b": -0.2, "c": -0.1}]]
+    records = [{"id": i, "gold": refs[i], "samples": [_mt_sample(by, texts[i][k], refs[i], cross[i][k])
+                                                      for k, by in enumerate("abc")]} for i in range(2)]
+    d = tmp_path / "rr" / "wmt22_de_en"
+    d.mkdir(parents=True)
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    from eval.vote_sets import read_runs
+    runs = [r for _, r in read_runs(tmp_path / "rr", "bleu")]
+    # rerank over a, b, c: ex 0 means -0.533, -0.4, -0.733 -> b's; ex 1 -0.3, -0.633, -0.2 -> c's
+    assert [r["extracted"] for r in vote_outcomes(runs, [0, 1, 2], 0, "rerank")] == [texts[0][1], texts[1][2]]
+    # over a, c only (writers and scorers): ex 0 -0.35, -0.1 -> c's "cat mat"; ex 1 -0.3, -0.2 -> c's
+    assert [r["extracted"] for r in vote_outcomes(runs, [0, 2], 0, "rerank")] == [texts[0][2], texts[1][2]]
+    assert main([str(tmp_path / "rr"), "--metric", "bleu", "--sets", "0,1,2", "--votes", "rerank,consensus"]) == 0
+    out = capsys.readouterr().out
+    assert "rerank [0, 1, 2]: 100.0" in out          # both references chosen: corpus BLEU 100
+    with pytest.raises(SystemExit) as info:          # single runs keep no cross scores
+        main([_write(tmp_path / "plain", A), "--sets", "0", "--votes", "rerank"])
+    assert info.value.code == 2 and "sample-rerank run" in capsys.readouterr().err

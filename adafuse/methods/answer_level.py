@@ -74,6 +74,7 @@ class VoteSample:
     finish: str
     num_tokens: int
     logprob: float | None = None
+    cross: dict[str, float] | None = None   # sample-rerank: each member's normalised score of it
 
 
 @dataclass

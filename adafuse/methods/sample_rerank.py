@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
+from adafuse.methods.answer_level import VoteSample
 from adafuse.methods.base import GenerationRequest, Method, register_method, run_method
 from adafuse.scoring import NORMALISATIONS, combine_scores, normalised_score
 from runtime.errors import ConfigError
@@ -60,6 +61,7 @@ class RerankAnswer:
     scores: list[float] = field(default_factory=list)  # per member, normalised log-prob
     mean: float = math.nan            # the weighted mean it was chosen by
     tokens: int | None = field(default=None, repr=False)  # the lead's new tokens, when the lead wrote it
+    writer_tokens: list[int] = field(default_factory=list, repr=False)  # each writer's new tokens (as `by`)
 
 
 @dataclass
@@ -75,7 +77,18 @@ class RerankTrace:
         d = asdict(self)
         for a in d["answers"]:
             a.pop("tokens")
+            a.pop("writer_tokens")
         return d
+
+    @property
+    def samples(self) -> list[VoteSample]:
+        """Every written answer once per writer (in member order), each with `cross`: every member's
+        normalised score of it. The runner records them, so the rerank of any subset of the members
+        (writers and scorers alike) can be read off one run (`python -m eval.vote_sets --votes rerank`)."""
+        written = [VoteSample(a.text, None, who, a.finish, n, cross=dict(zip(self.members, a.scores)))
+                   for a in self.answers for who, n in zip(a.by, a.writer_tokens)]
+        order = {name: i for i, name in enumerate(self.members)}
+        return sorted(written, key=lambda s: order.get(s.by.split("#")[0], len(order)))  # in member order
 
 
 def end_token(member: Member, chat: bool | None) -> int | None:
@@ -132,6 +145,7 @@ def write_answers(members: Sequence[Member], request: GenerationRequest, n: int,
                 answers[b].append(RerankAnswer(texts[r], finish[r], ends[r],
                                                tokens=len(new_ids[r]) if m == lead else None))
             answers[b][index[b][key]].by.append(f"{member.name}#{j}" if n > 1 else member.name)
+            answers[b][index[b][key]].writer_tokens.append(len(new_ids[r]))
     return answers, states
 
 
