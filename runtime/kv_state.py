@@ -8,7 +8,8 @@ Operations (one model forward each, plus one that re-feeds rows rolled back befo
                                  hang below it, nothing re-fed), `accept(paths)` keeps one chain per
                                  row; `forward_tree(tokens, parents)` is a fresh tree fed at once, and
                                  `append_open` commits tokens and opens a tree below them in one forward;
-- `score(continuations)`        log-probs of several continuations per row in one forward, no commit;
+- `score(continuations)`        log-probs of several continuations per row in one forward (a few when
+                                 their logits would pass `SCORE_LOGITS_BYTES`), no commit;
 - `rollback(lengths)`           shorten rows (the last logits are refreshed lazily);
 - `load_prefix` / `extend_without_logits`  prefill from chunk KV (`runtime.prefix_cache`).
 
