@@ -1,4 +1,4 @@
-"""Each member of a `view-vote` run, read off the run itself.
+"""Each member of a `view-vote` (or greedy `sample-rerank`) run, read off the run itself.
 
 A view-vote run writes every member's own greedy answer to each example (the record's `samples`,
 scored like the voted output), so the default prompt and each view alone need no runs of their own:
@@ -55,8 +55,11 @@ def member_records(records: list[dict[str, Any]], by: str, primary: str) -> list
 def write_member_runs(folder: Path, run: RunSpec, spec: TaskSpec, records: list[dict[str, Any]],
                       summarize) -> list[dict[str, Any]]:
     """Write each member's derived run under `folder/members/` (see the module docstring); returns
-    their metrics. Nothing is written for runs whose records keep no samples."""
-    if run.method != "view-vote" or not records or not records[0].get("samples"):
+    their metrics. Written for view-vote and greedy sample-rerank runs (one answer per member); nothing for
+    runs whose records keep no samples."""
+    if run.method not in ("view-vote", "sample-rerank") or not records or not records[0].get("samples"):
+        return []
+    if any("#" in s["by"] for s in records[0]["samples"]):   # several samples per member: no member's own run
         return []
     written = []
     for by in [s["by"] for s in records[0]["samples"]]:

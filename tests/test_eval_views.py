@@ -102,9 +102,11 @@ def test_lm_eval_members_take_views_but_not_their_exemplars():
         LMArgs.parse(members=f"{M}+{M}[shots=0:2]")
 
 
-def test_a_view_vote_run_writes_each_members_own_run_and_the_report_pairs_them(tmp_path, data, tiny_models, one_thread):
+@pytest.mark.parametrize("method", ["view-vote", "sample-rerank"])
+def test_a_view_vote_run_writes_each_members_own_run_and_the_report_pairs_them(tmp_path, data, tiny_models, one_thread,
+                                                                               method):
     views = [M, f"{M}[shots=2:4]", f"{M}[shots=4:6,chat=false]"]
-    runs = [{"name": "vote", "method": "view-vote", "members": views},
+    runs = [{"name": "vote", "method": method, "members": views},
             *({"name": f"alone{i}", "method": "single", "members": [v]} for i, v in enumerate(views))]
     cfg = config(data, tmp_path / "out", runs, dtype="float32")
     cfg["tasks"][0]["generation"]["max_new_tokens"] = 12
