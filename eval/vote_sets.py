@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 from adafuse.voting import CONFIDENCE_VOTES, rerank_pick, view_pick
 from eval.cli import OneLineParser
-from eval.metrics import CORPUS_METRICS
-from eval.paired import _scorer, example_score, mcnemar_exact, paired_bootstrap, win_tie_loss
+from eval.metrics import CORPUS_METRICS, corpus_score_from_stats
+from eval.paired import example_score, mcnemar_exact, paired_bootstrap, win_tie_loss
 from eval.vote_members import member_records
 
 SET_VOTES = ("majority", "consensus", *CONFIDENCE_VOTES, "rerank")
@@ -85,7 +85,7 @@ def vote_outcomes(runs: Sequence[dict[Any, dict[str, Any]]], members: Sequence[i
     for i in ids:
         recs = [runs[m][i] for m in order]
         if vote == "rerank":
-            if any("cross" not in r or "by" not in r for r in recs):
+            if any("cross" not in r for r in recs):
                 raise ValueError("vote 'rerank' reads every view's scores of every answer: pass a sample-rerank "
                                  "run's folder (its records keep them)")
             out.append(recs[rerank_pick([r["cross"] for r in recs], [r["by"] for r in recs])])
@@ -95,12 +95,17 @@ def vote_outcomes(runs: Sequence[dict[Any, dict[str, Any]]], members: Sequence[i
     return out
 
 
+def points(metric: str) -> float:
+    """What turns `metric` into points on a 0-100 scale: 1 for corpus scores (BLEU, chrF), else 100."""
+    return 1.0 if metric in CORPUS_METRICS else 100.0
+
+
 def metric_value(metric: str, records: Sequence[dict[str, Any]]) -> float:
-    """`metric` over `records` on a 0-100 scale: a corpus score (BLEU, chrF) from the records' statistics,
-    else the mean per-example score times 100."""
+    """`metric` over `records` in points: a corpus score from the records' statistics, else the mean
+    per-example score."""
     if metric in CORPUS_METRICS:
-        return _scorer(metric, records, {})(list(range(len(records))))
-    return 100 * sum(example_score(r, metric) for r in records) / max(len(records), 1)
+        return corpus_score_from_stats(metric, [r["stats"][metric] for r in records])
+    return points(metric) * sum(example_score(r, metric) for r in records) / max(len(records), 1)
 
 
 def compare_sets(runs: Sequence[dict[Any, dict[str, Any]]], sets: Sequence[Sequence[int]], lead: int,
@@ -114,7 +119,7 @@ def compare_sets(runs: Sequence[dict[Any, dict[str, Any]]], sets: Sequence[Seque
         base = [runs[baseline][r["id"]] for r in voted]
         d = paired_bootstrap(metric, voted, base, n_resamples=draws, alpha=1 - level)
         wtl = win_tie_loss([example_score(r, metric) for r in voted], [example_score(r, metric) for r in base])
-        scale = 1 if metric in CORPUS_METRICS else 100   # to the 0-100 scale of `metric_value`
+        scale = points(metric)
         rows.append({"members": list(members), "vote": vote, "n": len(voted), "score": metric_value(metric, voted),
                      "diff": scale * d.diff, "ci": (scale * d.ci_low, scale * d.ci_high), "win_tie_loss": wtl,
                      "mcnemar_p": mcnemar_exact(wtl[0], wtl[2])})

@@ -42,7 +42,6 @@ from runtime.sampling import logits_to_probs
 from runtime.tree_mask import TreeInputs, tree_inputs
 
 
-
 # float32 logits one `score` forward of one state may hold (bytes): views run together stack their
 # states' forwards, so a stacked forward holds up to this much per view
 SCORE_LOGITS_BYTES = 2 ** 28
@@ -63,6 +62,7 @@ def score_groups(continuations: Sequence[Sequence[Sequence[int]]], max_positions
         used = [u + n for u, n in zip(used, need)]
     ranges.append((lo, max(width, lo)))
     return ranges
+
 
 class KVState:
     """Token ids + KV cache of a batch of rows of one member. See the module docstring."""

@@ -114,9 +114,10 @@ def test_pooled_folders_join_disjoint_rows_and_refuse_shared_ids(tmp_path, capsy
 
 def _mt_sample(by, text, ref, cross):
     from sacrebleu.metrics import BLEU
-    stats = [int(v) for v in BLEU()._extract_corpus_statistics([text], [[ref]])[0]]
+
+    from eval.metrics import corpus_stats
     return {"by": by, "output": text, "extracted": text, "scores": {"bleu": BLEU().sentence_score(text, [ref]).score},
-            "stats": {"bleu": stats}, "num_tokens": 3, "finish_reason": "eos", "logprob": None, "cross": cross}
+            "stats": {"bleu": corpus_stats("bleu", text, ref)}, "num_tokens": 3, "finish_reason": "eos", "logprob": None, "cross": cross}
 
 
 def test_rerank_and_consensus_read_off_a_sample_rerank_run_with_corpus_bleu(tmp_path, capsys):
