@@ -3,6 +3,11 @@ same model generating and parsing the action (`TokenPolicy.act`), in one process
 
     python benchmarks/rlid_decision_speed.py [--model tiny|<registry name or folder>] [--batch 8]
         [--rounds 6] [--max_new_tokens 16] [--tiny_hidden 32] [--tiny_layers 2] [--threads 1]
+        [--states builtin|twc] [--twc_rooms 1] [--twc_items 2]
+
+`--states twc`: real TextWorld Commonsense states instead of the four built-in ones — the states met
+along the gold paths of dev-fold games 10000.. (compiled memory of the last 3 moves), the first
+`batch` of them (needs Java, as `rlid.envs.twc` does).
 
 Both policies decide the same batch of states (menus of 3-6 actions, prompts of different lengths)
 under no_grad; rounds alternate DM, token, DM, token... so a busy machine slows both alike. Prints
@@ -36,6 +41,28 @@ STATES = [
 ]
 
 
+def twc_states(n: int, rooms: int, items: int) -> list[DecisionState]:
+    """The first `n` states met along the gold paths of TWC dev games 10000, 10001, ..."""
+    from rlid.envs.textworld import shutdown_java
+    from rlid.envs.twc import TWCEnv, TWCOptions
+    from rlid.rollout import decision_state
+
+    env = TWCEnv(TWCOptions(num_locations=rooms, num_items_to_put_away=items, compiled_memory=True, max_steps=50))
+    states: list[DecisionState] = []
+    seed = 10000
+    while len(states) < n:
+        env.reset(seed)
+        for action in env.gold_actions():
+            states.append(decision_state(env, memory_k=3))
+            menu = env.menu()
+            if action not in menu or env.step(menu.index(action)).done or len(states) >= n:
+                break
+        seed += 1
+    env.close()
+    shutdown_java()
+    return states[:n]
+
+
 def load(args):
     if args.model == "tiny":
         from runtime.testing import bpe_tokenizer, tiny_member
@@ -56,11 +83,15 @@ def main() -> None:
     ap.add_argument("--tiny_hidden", type=int, default=32)
     ap.add_argument("--tiny_layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--states", choices=("builtin", "twc"), default="builtin")
+    ap.add_argument("--twc_rooms", type=int, default=1)
+    ap.add_argument("--twc_items", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     member = load(args)
     dm, tp = DecisionModel(member), TokenPolicy(member, max_new_tokens=args.max_new_tokens)
-    states = [STATES[i % len(STATES)] for i in range(args.batch)]
+    states = (twc_states(args.batch, args.twc_rooms, args.twc_items) if args.states == "twc" else
+              [STATES[i % len(STATES)] for i in range(args.batch)])
     gen = torch.Generator().manual_seed(0)
     dm_rates, tp_rates, out_tokens, valid = [], [], [], []
     with torch.no_grad():
@@ -79,7 +110,7 @@ def main() -> None:
             valid += [a.index is not None for a in acts]
     dm_s, tp_s = statistics.median(dm_rates), statistics.median(tp_rates)
     print(json.dumps({
-        "model": member.name, "batch": args.batch, "rounds": args.rounds, "threads": args.threads,
+        "model": member.name, "states": args.states, "batch": args.batch, "rounds": args.rounds, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "dm_decisions_per_s": round(dm_s, 2),
         "token_decisions_per_s": round(tp_s, 2), "ratio_dm_over_token": round(dm_s / tp_s, 2),
         "dm_forwards_per_decision": round(dm.counters.forwards_per_decision, 3),
