@@ -38,8 +38,10 @@ def summarize_episodes(records: Sequence[dict]) -> dict:
     lo, hi = wilson_interval(solved, n)
     decisions = sum(r["steps"] for r in records)
     wall = sum(r["wall_s"] for r in records)
+    solved_steps = [r["steps"] for r in records if r["success"]]
     out = {"episodes": n, "success": solved / n if n else 0.0, "success_lo": lo, "success_hi": hi,
-           "mean_reward": sum(r["reward"] for r in records) / max(1, n), "decisions": decisions,
+           "mean_reward": sum(r["reward"] for r in records) / max(1, n),
+           "steps_to_success": sum(solved_steps) / len(solved_steps) if solved_steps else None, "decisions": decisions,
            "invalid": sum(r["invalid"] for r in records), "wall_s": wall,
            "decisions_per_s": decisions / wall if wall > 0 else float("inf")}
     if records and all(r["live"] is not None for r in records):

@@ -26,6 +26,11 @@ def _diff(a: list[float], b: list[float]) -> str:
     return f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]{star}"
 
 
+def _steps(r: dict) -> str:
+    """Mean moves of the solved episodes, blank where none was solved (or not recorded)."""
+    return f"{r['steps_to_success']:.1f}" if r.get("steps_to_success") is not None else ""
+
+
 def _live(r: dict) -> str:
     """'kept % (chance %)' of an evaluated policy (`rlid.evaluate.live_moves`), blank where not measured."""
     return f"{100 * r['live_moves']:.1f} ({100 * r['live_chance']:.1f})" if "live_moves" in r else ""
@@ -55,13 +60,15 @@ def table(folder: Path, eval_dir: str = "eval") -> str:
         return f"(no evaluated policies under {folder / eval_dir})"
     base, tok = results.get("untrained"), results.get("token")
     lines = ["| policy | held-out seeds | success % [95 % CI] | vs untrained LDM (pp) | vs token-level RL (pp) "
-             "| invalid actions | moves kept solvable % (chance %) | winning moves taken % (chance %) | decisions / s |",
-             "|---|--:|---|---|---|--:|--:|--:|--:|"]
+             "| mean score | steps to success | invalid actions | moves kept solvable % (chance %) "
+             "| winning moves taken % (chance %) | decisions / s |",
+             "|---|--:|---|---|---|--:|--:|--:|--:|--:|--:|"]
     for name, r in results.items():
         vs_base = _diff(r["per_seed"], base["per_seed"]) if base and name != "untrained" else ""
         vs_tok = _diff(r["per_seed"], tok["per_seed"]) if tok and name != "token" else ""
         lines.append(f"| {name} | {r['episodes']} | {100 * r['success']:.1f} [{100 * r['success_lo']:.1f}, "
-                     f"{100 * r['success_hi']:.1f}] | {vs_base} | {vs_tok} | {r['invalid']} "
+                     f"{100 * r['success_hi']:.1f}] | {vs_base} | {vs_tok} | {r['mean_reward']:.3f} | "
+                     f"{_steps(r)} | {r['invalid']} "
                      f"({r['invalid'] / max(1, r['decisions']):.0%}) | {_live(r)} | {_wins(r)} | {r['decisions_per_s']:.2f} |")
     dec, dis = results.get("decision"), results.get("distill")
     if dec and dis:

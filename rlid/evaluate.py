@@ -62,6 +62,12 @@ class EvalResult:
         return wilson_interval(int(sum(self.successes)), len(self.episodes))
 
     @property
+    def steps_to_success(self) -> float | None:
+        """Mean decisions of the solved episodes (invalid token-level steps count: they cost a move), or None."""
+        solved = [len(e.transitions) for e in self.episodes if e.success]
+        return sum(solved) / len(solved) if solved else None
+
+    @property
     def decisions_per_s(self) -> float:
         return self.decisions / self.wall_s if self.wall_s > 0 else float("inf")
 
@@ -69,6 +75,7 @@ class EvalResult:
         lo, hi = self.interval
         return {"episodes": len(self.episodes), "success": self.success_rate, "success_lo": lo, "success_hi": hi,
                 "mean_reward": sum(e.total_reward for e in self.episodes) / max(1, len(self.episodes)),
+                "steps_to_success": self.steps_to_success,
                 "decisions": self.decisions, "invalid": self.invalid, "wall_s": self.wall_s,
                 "decisions_per_s": self.decisions_per_s, **self.extra}
 

@@ -77,3 +77,21 @@ def test_episodes_of_another_policy_are_refused(tmp_path):
     evaluate_in_blocks(rollout, make, [1, 2], path, source="ckpt-5", batch=4, label="p", log=lambda _: None)
     with pytest.raises(ConfigError, match="holds episodes of ckpt-5, not of ckpt-9; rerun with --force"):
         evaluate_in_blocks(rollout, make, [1, 2, 3], path, source="ckpt-9", batch=4, label="p", log=lambda _: None)
+
+
+def test_steps_to_success_and_mean_score_from_the_records(tmp_path):
+    from eval.rlid_eval import summarize_episodes
+    from eval.rlid_report import table
+
+    def rec(seed, success, reward, steps):
+        return {"id": seed, "source": "p", "success": success, "reward": reward, "invalid": 0, "steps": steps,
+                "wall_s": 1.0, "live": None}
+
+    records = [rec(0, True, 1.0, 4), rec(1, False, 0.5, 12), rec(2, True, 1.0, 7)]
+    got = summarize_episodes(records)
+    assert got["steps_to_success"] == pytest.approx(5.5) and got["mean_reward"] == pytest.approx(2.5 / 3)
+    assert summarize_episodes([rec(0, False, 0.0, 12)])["steps_to_success"] is None
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "decision.json").write_text(json.dumps(got))
+    row = next(line for line in table(tmp_path).splitlines() if line.startswith("| decision"))
+    assert "| 0.833 | 5.5 |" in row
