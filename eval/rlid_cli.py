@@ -96,10 +96,10 @@ def train(cfg: RlidConfig, args: argparse.Namespace) -> int:
     else:
         trainer = TokenTrainer(TokenPolicy(member, max_new_tokens=cfg.token_max_new_tokens), cfg.make_env(), tc, adapter)
     records = trainer.run()
-    last = records[-1] if records else {}
+    last = next((r for r in reversed(records) if not r.get("gold")), {})   # the last rollout step
     print(f"{args.plane} plane: step {trainer.step}, {trainer.counters['wall_s']:.0f} s of training; "
-          f"last step reward {last.get('reward_mean', float('nan')):.3f}, success {last.get('success_rate', float('nan')):.2f}; "
-          f"log: {tc.out_dir}/log.jsonl")
+          f"last rollout step reward {last.get('reward_mean', float('nan')):.3f}, success "
+          f"{last.get('success_rate', float('nan')):.2f}; log: {tc.out_dir}/log.jsonl")
     return 0
 
 

@@ -99,6 +99,8 @@ def _curve(path: Path) -> tuple[list[float], list[float]]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     xs, ys, window = [], [], []
     for r in rows:
+        if r.get("gold"):                                       # gold-path imitation steps: no rollouts
+            continue
         window = (window + [r["success_rate"]])[-5:]            # a running mean over the last 5 steps
         xs.append(r["wall_s"] / 60)
         ys.append(100 * sum(window) / len(window))

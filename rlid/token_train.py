@@ -52,6 +52,12 @@ class TokenTrainer(TrainerBase):
             out.append((index, action))
         return out
 
+    def gold_payload(self, state: DecisionState, index: int):
+        """The gold move as generated text: its prompt, then the action and a newline (`teacher_forced`)."""
+        from rlid.distill import DistillExample, teacher_forced
+
+        return teacher_forced(self.policy, DistillExample(state, state.actions[index]))
+
     def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[Any]]]:
         """Lockstep rollouts; invalid text → `invalid_penalty`, no move; payload = the TokenAction."""
         return lockstep(self.make_env, self.act, run_seeds, self.config.memory_k, self.config.invalid_penalty)

@@ -103,6 +103,16 @@ class DecisionTrainer(TrainerBase):
                         self._exact[id(t.state)] = (t.state, [r * scale for r in t.option_rewards])
         return episodes, [[t.state for t in ep.transitions] for ep in episodes]
 
+    def imitate_gold(self, seeds: list[int]) -> dict:
+        self._acted, self._exact, self._perm = {}, {}, {}
+        return super().imitate_gold(seeds)
+
+    def gold_payload(self, state: DecisionState, index: int) -> DecisionState:
+        """The gold move's state (with `shuffle_menus`, registered in a fresh order, as a rollout's is)."""
+        if self.config.shuffle_menus:
+            self._shuffle(state)
+        return state
+
     def scores_exactly(self, payload) -> bool:
         seen = self._exact.get(id(payload))
         return seen is not None and seen[0] is payload

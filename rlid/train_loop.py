@@ -58,6 +58,11 @@ class TrainConfig:
     probability γ, closer to what a weak policy's own continuation earns.
     `shuffle_menus` (decision plane): rollouts show each menu in a fresh random order, so a
     preference for a label or a position earns nothing and only what the options say can be learned.
+    `gold_steps`: the first `gold_steps` steps imitate the environment's gold paths instead of rolling
+    out (`gold_actions()`, TextWorldExpress games): each walks the gold path of this step's seeds and
+    takes one optimizer step on the same loss with advantage 1 on every gold move — −mean log π(gold
+    option) in the decision plane (with `shuffle_menus`, in a fresh order), −mean log p(gold text) at
+    token level: behaviour cloning inside the same wall budget, log and checkpoints (`rlid.gold`).
     `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
     activations of a real model's batch of long prompts are what fills memory). `invalid_penalty`: the
     token-level reward of an unparsable action (the state stays; it counts as a step)."""
@@ -87,6 +92,7 @@ class TrainConfig:
     exact_values: bool = False
     value_discount: float | None = None
     shuffle_menus: bool = False
+    gold_steps: int = 0
     progress: bool = True
     lora: LoraSpec = field(default_factory=LoraSpec)
 
@@ -97,6 +103,8 @@ class TrainConfig:
         for name in ("seeds_per_step", "group_size", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.gold_steps < 0:
+            raise ConfigError(f"gold_steps must be 0 or more, got {self.gold_steps}")
         if self.advantage not in ("group", "baseline"):
             raise ConfigError(f"advantage must be 'group' or 'baseline', got {self.advantage!r}")
         if self.max_steps is None and self.max_wall_s is None:
@@ -134,7 +142,7 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for name in RESUMABLE_FIELDS:
             d.pop(name)
-        for name in DECISION_ONLY:   # (runs from before these options have no such key)
+        for name in (*DECISION_ONLY, "gold_steps"):   # (runs from before these options have no such key)
             if not d[name]:
                 d.pop(name)
         d["train_seeds"] = list(self.train_seeds)
@@ -252,7 +260,8 @@ class TrainerBase:
                 if self.out_dir and self.step % self.config.checkpoint_every == 0:
                     self.save()
                 bar.update(1)
-                bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", success=f"{rec['success_rate']:.2f}")
+                if not rec.get("gold"):
+                    bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", success=f"{rec['success_rate']:.2f}")
                 if on_step is not None:
                     on_step(rec)
         finally:
@@ -265,7 +274,7 @@ class TrainerBase:
         """One step: rollouts on this step's seeds, one update; returns its log record."""
         seeds = step_seeds(self.config, self.step)
         t0 = time.perf_counter()
-        rec = self.rollout_and_update(seeds)
+        rec = self.imitate_gold(seeds) if self.step < self.config.gold_steps else self.rollout_and_update(seeds)
         wall = time.perf_counter() - t0
         self.step += 1
         self.counters["wall_s"] += wall
@@ -288,6 +297,22 @@ class TrainerBase:
         t1 = time.perf_counter()
         stats = self.update_items(items)
         return {**self.episode_fields(episodes, rollout_s), **stats, "update_s": round(time.perf_counter() - t1, 4)}
+
+    def imitate_gold(self, seeds: list[int]) -> dict:
+        """One behaviour-cloning step on the gold paths of `seeds` (`gold_steps`): every gold move is an
+        item with advantage 1 (`gold_payload` makes what `_rescore` needs of it), one update."""
+        from rlid.gold import gold_moves
+
+        t0 = time.perf_counter()
+        moves = gold_moves(self.make_env, seeds, self.config.memory_k)
+        items = [(self.gold_payload(state, index), index, 1.0) for state, index in moves]
+        stats = self.update_items(items)
+        return {"gold": True, "decisions": len(items), "reward_mean": None, "success_rate": None,
+                **stats, "update_s": round(time.perf_counter() - t0, 4)}
+
+    def gold_payload(self, state: DecisionState, index: int) -> Any:
+        """What `_rescore` needs of a gold move (`state`, its gold option `index`)."""
+        raise NotImplementedError
 
     def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[Any]]]:
         """The episodes of `run_seeds` and, per transition, what `_rescore` needs of it."""

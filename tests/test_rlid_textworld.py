@@ -21,6 +21,7 @@ from runtime.errors import ConfigError
 from rlid.envs import make_env
 from rlid.envs.text_memory import compact_exit, compact_thing, held, room_facts
 from rlid.envs.textworld import java_pool, shutdown_java
+from rlid.envs.twc import TWCEnv, TWCOptions
 from rlid.rollout import run_episodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -317,3 +318,53 @@ def test_a_short_train_step_on_a_tiny_model_runs_end_to_end(tmp_path, tiny_model
         res = json.loads((tmp_path / "run" / "eval" / f"{name}.json").read_text())
         assert res["episodes"] == 2 and res["seeds"] == [20000, 20002]
         assert 0.0 <= res["success"] <= 1.0
+
+
+def test_gold_moves_follow_the_games_solution():
+    """`rlid.gold.gold_moves`: each recorded index names the gold action in that state's menu, and
+    playing them from a fresh reset solves the game."""
+    from rlid.gold import gold_moves
+
+    make = lambda: TWCEnv(TWCOptions(num_locations=1, num_items_to_put_away=1, max_steps=20, compiled_memory=True))  # noqa: E731
+    moves = gold_moves(make, [5], memory_k=2)
+    env = make()
+    try:
+        env.reset(5)
+        assert [s.actions[i] for s, i in moves] == env.gold_actions()[:len(moves)] and moves
+        for state, index in moves:
+            assert list(state.actions) == env.menu()
+            result = env.step(index)
+        assert result.success
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("plane", ["decision", "token"])
+def test_gold_steps_imitate_the_gold_path_then_rl_takes_over(tmp_path, tiny_model_dir, plane):
+    """`gold_steps: 1`: step 1 is behaviour cloning on the gold moves of its seeds (advantage 1 on each:
+    the loss is −mean log-prob of the gold choice), step 2 a GRPO step, under one budget and log."""
+    import json
+
+    import yaml
+
+    from eval.cli import main
+    from rlid.gold import gold_moves
+    from rlid.train_loop import step_seeds
+    cfg = {"output_path": str(tmp_path / "run"), "model": tiny_model_dir, "seed": 0, "token_max_new_tokens": 4,
+           "env": {"name": "twc", "options": {"num_locations": 1, "num_items_to_put_away": 1, "max_steps": 3,
+                                              "compiled_memory": True}, "memory_k": 2},
+           "train": {"seeds": {"start": 0, "count": 4}, "seeds_per_step": 2, "group_size": 2, "max_steps": 2,
+                     "gold_steps": 1, "checkpoint_every": 1, "lr": 1e-3, "lora": {"r": 2, "alpha": 4},
+                     "decision": {"shuffle_menus": True}},
+           "eval": {"seeds": {"start": 20000, "count": 2}}}
+    path = tmp_path / "twc.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["rlid", "train", str(path), "--plane", plane, "--no_progress"]) == 0
+    gold, rl = [json.loads(line) for line in (tmp_path / "run" / plane / "log.jsonl").read_text().splitlines()]
+    from eval.rlid_config import load_rlid
+    tc = load_rlid(path).train_config(plane)
+    env = lambda: TWCEnv(TWCOptions(num_locations=1, num_items_to_put_away=1, max_steps=3, compiled_memory=True))  # noqa: E731
+    assert gold["gold"] and gold["decisions"] == len(gold_moves(env, step_seeds(tc, 0), 2)) > 0
+    assert gold["rescored"] == gold["decisions"] and gold["success_rate"] is None
+    assert gold["pg_loss"] == pytest.approx(-gold["logp_chosen"], rel=1e-4)
+    assert "gold" not in rl and rl["step"] == 2 and rl["success_rate"] is not None
