@@ -368,3 +368,12 @@ def test_gold_steps_imitate_the_gold_path_then_rl_takes_over(tmp_path, tiny_mode
     assert gold["rescored"] == gold["decisions"] and gold["success_rate"] is None
     assert gold["pg_loss"] == pytest.approx(-gold["logp_chosen"], rel=1e-4)
     assert "gold" not in rl and rl["step"] == 2 and rl["success_rate"] is not None
+
+
+def test_gold_steps_on_a_game_without_gold_paths_is_a_one_line_config_error():
+    from rlid.envs.countdown import CountdownEnv
+    from rlid.gold import gold_moves
+
+    with pytest.raises(ConfigError, match="gold_steps needs an environment with gold paths") as err:
+        gold_moves(CountdownEnv, [0])
+    assert "\n" not in str(err.value)
