@@ -42,25 +42,18 @@ STATES = [
 
 
 def twc_states(n: int, rooms: int, items: int) -> list[DecisionState]:
-    """The first `n` states met along the gold paths of TWC dev games 10000, 10001, ..."""
+    """The first `n` states met along the gold paths of TWC dev games 10000, 10001, ... (`rlid.gold`)."""
     from rlid.envs.textworld import shutdown_java
     from rlid.envs.twc import TWCEnv, TWCOptions
-    from rlid.rollout import decision_state
+    from rlid.gold import gold_moves
 
-    env = TWCEnv(TWCOptions(num_locations=rooms, num_items_to_put_away=items, compiled_memory=True, max_steps=50))
-    states: list[DecisionState] = []
-    seed = 10000
-    while len(states) < n:
-        env.reset(seed)
-        for action in env.gold_actions():
-            states.append(decision_state(env, memory_k=3))
-            menu = env.menu()
-            if action not in menu or env.step(menu.index(action)).done or len(states) >= n:
-                break
-        seed += 1
-    env.close()
-    shutdown_java()
-    return states[:n]
+    def make():
+        return TWCEnv(TWCOptions(num_locations=rooms, num_items_to_put_away=items, compiled_memory=True, max_steps=50))
+
+    try:
+        return [state for state, _ in gold_moves(make, range(10000, 10000 + n), memory_k=3)][:n]   # >= 1 move a game
+    finally:
+        shutdown_java()
 
 
 def load(args):

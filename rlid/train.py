@@ -87,7 +87,7 @@ class DecisionTrainer(TrainerBase):
 
     def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[DecisionState]]]:
         """The rollouts (`self.rollout`, lockstep, options drawn by `choose`); payload = the state."""
-        self._acted, self._exact, self._perm = {}, {}, {}
+        self._forget()
         c = self.config
         discount = {} if c.value_discount is None else {"value_discount": c.value_discount}
         rollout = (functools.partial(self.rollout, option_values=True, **discount) if c.exact_values else
@@ -104,8 +104,12 @@ class DecisionTrainer(TrainerBase):
         return episodes, [[t.state for t in ep.transitions] for ep in episodes]
 
     def imitate_gold(self, seeds: list[int]) -> dict:
-        self._acted, self._exact, self._perm = {}, {}, {}
+        self._forget()
         return super().imitate_gold(seeds)
+
+    def _forget(self) -> None:
+        """Drop the last step's per-state records (log π at rollout, exact values, shown permutations)."""
+        self._acted, self._exact, self._perm = {}, {}, {}
 
     def gold_payload(self, state: DecisionState, index: int) -> DecisionState:
         """The gold move's state (with `shuffle_menus`, registered in a fresh order, as a rollout's is)."""
