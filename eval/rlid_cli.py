@@ -79,7 +79,8 @@ def _member(cfg: RlidConfig, name: str | None = None, adapter: Path | None = Non
 def _decision_model(cfg: RlidConfig, member):
     from rlid.decision_model import DecisionModel
 
-    return DecisionModel(member, label_style=cfg.label_style, realise_action_text=cfg.realise_action_text)
+    return DecisionModel(member, label_style=cfg.label_style, realise_action_text=cfg.realise_action_text,
+                         answer=cfg.answer)
 
 
 def train(cfg: RlidConfig, args: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ baseline under the same budget, held-out evaluation seeds, and distillation.
     eval: {seeds: {start: 100000, count: 100}, batch: 100}   # batch: seeds rolled out together (written per block)
     distill: {epochs: 2, lr: 2e-4}     # init: decision starts the student's adapter from the trained LDM's
     ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
+    answer: text                       # the LDM answers with the action's own text, not its label
+                                       #   (`rlid.text_law`; default: label)
     # or chosen on dev seeds among each member alone and these settings (disjoint from eval seeds):
     #   ensemble: {members: [...], dev: {seeds: {start: 5000, count: 50}, candidates: [{lead: 1, weights: [1, 3]}, ...]}}
 
@@ -40,6 +42,7 @@ SCHEMA: dict[str, Field] = {
     "model": Field((str,), required=True),
     "label_style": Field((str,), choices=("letters", "numbers")),
     "realise_action_text": Field((bool,)),
+    "answer": Field((str,), choices=("label", "text")),
     "token_max_new_tokens": Field((int,)),
     "train": Field((dict,)),
     "eval": Field((dict,), fields={"seeds": SEEDS, "greedy": Field((bool,)), "batch": Field((int,))}),
@@ -76,6 +79,7 @@ class RlidConfig:
     label_style: str
     realise_action_text: bool
     token_max_new_tokens: int
+    answer: str
     train: dict[str, Any]
     train_seeds: range
     eval_seeds: range
@@ -123,6 +127,9 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
 
     if env["name"] not in ENVIRONMENTS:
         raise ConfigError(f"{source}: unknown env '{env['name']}' (choose one of {', '.join(ENVIRONMENTS)})")
+    if data.get("answer") == "text" and data.get("realise_action_text"):
+        raise ConfigError(f"{source}: realise_action_text is for answer: label (answer: text realises the whole text); "
+                          "drop one of them")
     probe = make_env(env["name"], **(env.get("options") or {}))    # bad env options fail here, before loading a model
     _check_stage_seeds(probe, data, train_seeds, eval_seeds, source)
     cfg = RlidConfig(source=source, output_path=Path(data["output_path"]), env_name=env["name"],
@@ -130,6 +137,7 @@ def parse_rlid(data: Any, source: str) -> RlidConfig:
                      model=data["model"], dtype=data.get("dtype", "float32"), seed=int(data.get("seed", 0)),
                      label_style=data.get("label_style", "letters"),
                      realise_action_text=bool(data.get("realise_action_text", False)),
+                     answer=data.get("answer", "label"),
                      token_max_new_tokens=int(data.get("token_max_new_tokens", 16)), train=train,
                      train_seeds=train_seeds, eval_seeds=eval_seeds, eval_greedy=bool(ev.get("greedy", True)),
                      eval_batch=int(ev.get("batch", 100)),

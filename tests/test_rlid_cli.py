@@ -77,6 +77,15 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     assert "moves kept solvable % (chance %)" in text and f"{100 * dec['live_moves']:.1f} (" in text
 
 
+def test_text_answer_trains_and_evaluates_end_to_end(tmp_path, model_dir, capsys):
+    """`answer: text`: the decision plane trains (gold-free GRPO) and evaluates with the action's own text."""
+    config, out = write_config(tmp_path, model_dir, answer="text")
+    assert main(["rlid", "train", config, "--plane", "decision", "--max_steps", "1", "--no_progress"]) == 0
+    assert main(["rlid", "eval", config, "--policies", "untrained,decision", "--no_progress"]) == 0
+    dec = json.loads((out / "eval" / "decision.json").read_text())
+    assert len(dec["per_seed"]) == 4 and dec["invalid"] == 0
+
+
 def test_bad_configs_are_one_line_errors(tmp_path, model_dir, capsys):
     config, _ = write_config(tmp_path, model_dir, eval={"seeds": {"start": 4, "count": 10}})
     assert main(["rlid", "train", config]) == 2
@@ -93,6 +102,13 @@ def test_bad_configs_are_one_line_errors(tmp_path, model_dir, capsys):
     assert main(["rlid", "train", config]) == 2
     err = capsys.readouterr().err
     assert "lr_rate" in err and err.count("\n") == 1
+    config, _ = write_config(tmp_path, model_dir, answer="text", realise_action_text=True)
+    assert main(["rlid", "eval", config]) == 2
+    err = capsys.readouterr().err
+    assert "realise_action_text is for answer: label" in err and err.count("\n") == 1
+    config, _ = write_config(tmp_path, model_dir, answer="json")
+    assert main(["rlid", "eval", config]) == 2
+    assert "answer" in capsys.readouterr().err
     config, _ = write_config(tmp_path / "x", model_dir) if (tmp_path / "x").mkdir() is None else (None, None)
     assert main(["rlid", "distill", config]) == 2
     assert "no trained decision model" in capsys.readouterr().err
