@@ -3,8 +3,10 @@ same model generating and parsing the action (`TokenPolicy.act`), in one process
 
     python benchmarks/rlid_decision_speed.py [--model tiny|<registry name or folder>] [--batch 8]
         [--rounds 6] [--max_new_tokens 16] [--tiny_hidden 32] [--tiny_layers 2] [--threads 1]
-        [--states builtin|twc] [--twc_rooms 1] [--twc_items 2]
+        [--states builtin|twc] [--twc_rooms 1] [--twc_items 2] [--answer label|text]
 
+`--answer text`: the decision model answering with the action's own text (`rlid.text_law`: the
+prompt's forward plus one tree-attention forward over the menu's texts) instead of its label.
 `--states twc`: real TextWorld Commonsense states instead of the four built-in ones — the states met
 along the gold paths of dev-fold games 10000.. (compiled memory of the last 3 moves), the first
 `batch` of them (needs Java, as `rlid.envs.twc` does).
@@ -79,10 +81,11 @@ def main() -> None:
     ap.add_argument("--states", choices=("builtin", "twc"), default="builtin")
     ap.add_argument("--twc_rooms", type=int, default=1)
     ap.add_argument("--twc_items", type=int, default=2)
+    ap.add_argument("--answer", choices=("label", "text"), default="label")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     member = load(args)
-    dm, tp = DecisionModel(member), TokenPolicy(member, max_new_tokens=args.max_new_tokens)
+    dm, tp = DecisionModel(member, answer=args.answer), TokenPolicy(member, max_new_tokens=args.max_new_tokens)
     states = (twc_states(args.batch, args.twc_rooms, args.twc_items) if args.states == "twc" else
               [STATES[i % len(STATES)] for i in range(args.batch)])
     gen = torch.Generator().manual_seed(0)
@@ -103,7 +106,7 @@ def main() -> None:
             valid += [a.index is not None for a in acts]
     dm_s, tp_s = statistics.median(dm_rates), statistics.median(tp_rates)
     print(json.dumps({
-        "model": member.name, "states": args.states, "batch": args.batch, "rounds": args.rounds, "threads": args.threads,
+        "model": member.name, "states": args.states, "answer": args.answer, "batch": args.batch, "rounds": args.rounds, "threads": args.threads,
         "max_new_tokens": args.max_new_tokens, "dm_decisions_per_s": round(dm_s, 2),
         "token_decisions_per_s": round(tp_s, 2), "ratio_dm_over_token": round(dm_s / tp_s, 2),
         "dm_forwards_per_decision": round(dm.counters.forwards_per_decision, 3),

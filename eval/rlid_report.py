@@ -95,22 +95,29 @@ def print_table(folder: Path, eval_dir: str = "eval") -> None:
     print(table(folder, eval_dir))
 
 
-def _curve(path: Path) -> tuple[list[float], list[float]]:
+def curves(path: Path) -> dict[str, tuple[list[float], list[float]]]:
+    """From one plane's training log: "success" = (wall minutes, sampled train success %, running mean
+    of the last 5 rollout steps) and "imitation" = (wall minutes, the gold steps' loss = −mean log-prob
+    of the gold moves, nats)."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    xs, ys, window = [], [], []
+    out: dict[str, tuple[list[float], list[float]]] = {"success": ([], []), "imitation": ([], [])}
+    window: list[float] = []
     for r in rows:
         if r.get("gold"):                                       # gold-path imitation steps: no rollouts
+            out["imitation"][0].append(r["wall_s"] / 60)
+            out["imitation"][1].append(r["loss"])
             continue
-        window = (window + [r["success_rate"]])[-5:]            # a running mean over the last 5 steps
-        xs.append(r["wall_s"] / 60)
-        ys.append(100 * sum(window) / len(window))
-    return xs, ys
+        window = (window + [r["success_rate"]])[-5:]
+        out["success"][0].append(r["wall_s"] / 60)
+        out["success"][1].append(100 * sum(window) / len(window))
+    return out
 
 
 def plot(folder: Path) -> Path | None:
-    """Training success (sampled rollouts on train seeds, running mean of 5 steps) vs wall minutes."""
+    """Training success (sampled rollouts on train seeds, running mean of 5 steps) vs wall minutes, and
+    beside it, where a plane began with gold steps, their imitation loss."""
     logs = {plane: folder / plane / "log.jsonl" for plane in ("decision", "token")}
-    logs = {k: v for k, v in logs.items() if v.exists()}
+    logs = {k: curves(v) for k, v in logs.items() if v.exists()}
     if not logs:
         return None
     import matplotlib
@@ -118,15 +125,21 @@ def plot(folder: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for plane, path in logs.items():
-        xs, ys = _curve(path)
-        ax.plot(xs, ys, label={"decision": "decision plane (LDM)", "token": "token-level RL"}[plane])
-    ax.set_xlabel("training wall time (min)")
-    ax.set_ylabel("train success % (5-step mean)")
-    ax.set_title(folder.name)
-    ax.legend()
-    ax.grid(alpha=0.3)
+    gold = any(c["imitation"][0] for c in logs.values())
+    fig, axes = plt.subplots(1, 2 if gold else 1, figsize=(11 if gold else 6, 3.6), squeeze=False)
+    names = {"decision": "decision plane (LDM)", "token": "token-level RL"}
+    panels = ([("imitation", "gold-step loss (nats per gold move)")] if gold else []) + \
+        [("success", "train success % (5-step mean)")]
+    for ax, (key, ylabel) in zip(axes[0], panels):
+        for plane, c in logs.items():
+            ax.plot(*c[key], label=names[plane], marker="." if key == "imitation" else None)
+        if not any(c[key][0] for c in logs.values()):
+            ax.text(0.5, 0.5, "no rollout steps (gold steps only)", ha="center", transform=ax.transAxes)
+        ax.set_xlabel("training wall time (min)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(folder.name if key == "success" else f"{folder.name}: imitation of the gold paths")
+        ax.legend()
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     out = folder / "learning_curve.png"
     fig.savefig(out, dpi=120)

@@ -95,3 +95,21 @@ def test_steps_to_success_and_mean_score_from_the_records(tmp_path):
     (tmp_path / "eval" / "decision.json").write_text(json.dumps(got))
     row = next(line for line in table(tmp_path).splitlines() if line.startswith("| decision"))
     assert "| 0.833 | 5.5 |" in row
+
+
+def test_learning_curves_split_gold_steps_from_rollout_steps(tmp_path):
+    """`adafuse rlid report`'s plot: gold steps feed the imitation panel (their loss), rollout steps
+    the success curve (running mean of 5); a run of gold steps only plots both panels, one empty."""
+    from eval.rlid_report import curves, plot
+
+    rows = [{"step": 1, "wall_s": 60, "gold": True, "loss": 3.0, "success_rate": None},
+            {"step": 2, "wall_s": 120, "gold": True, "loss": 1.5, "success_rate": None},
+            {"step": 3, "wall_s": 180, "loss": 0.1, "success_rate": 0.5},
+            {"step": 4, "wall_s": 240, "loss": 0.2, "success_rate": 0.0}]
+    (tmp_path / "decision").mkdir()
+    (tmp_path / "decision" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    c = curves(tmp_path / "decision" / "log.jsonl")
+    assert c["imitation"] == ([1.0, 2.0], [3.0, 1.5])
+    assert c["success"] == ([3.0, 4.0], [50.0, 25.0])
+    (tmp_path / "decision" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert plot(tmp_path).exists()

@@ -191,3 +191,11 @@ def save_tiny_char_model(root) -> str:
     model.save_pretrained(root / "tiny")
     tok.save_pretrained(root / "tiny")
     return str(root / "tiny")
+
+
+def assert_gradients_reach_every_parameter(model) -> None:
+    """Every trainable parameter of `model` has a finite gradient, not all zero; then clears them."""
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert sum(float(g.abs().sum()) for g in grads) > 0
+    model.zero_grad(set_to_none=True)

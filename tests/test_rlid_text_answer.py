@@ -10,6 +10,7 @@ from rlid.decision_model import DecisionModel
 from rlid.prompt import action_text
 from rlid.text_law import stop_token_ids, text_forest, text_realisations
 from rlid.types import DecisionState
+from test_rlid_helpers import assert_gradients_reach_every_parameter
 from runtime.testing import bpe_tokenizer, tiny_member
 
 STATES = [
@@ -80,10 +81,7 @@ def test_text_prompt_is_the_token_policys_and_gradients_flow():
     with torch.enable_grad():
         laws = dm.laws(STATES)
         (laws[0].log_probs[1] + laws[1].log_probs[3]).backward()
-    grads = [p.grad for p in m.model.parameters() if p.requires_grad]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
-    assert sum(float(g.abs().sum()) for g in grads) > 0
-    m.model.zero_grad(set_to_none=True)
+    assert_gradients_reach_every_parameter(m.model)
 
 
 def test_text_answer_errors_are_clear():
