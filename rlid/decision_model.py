@@ -16,7 +16,7 @@ prompt's forward, then one tree-attention forward over the trie of every option'
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache
@@ -36,7 +36,7 @@ __all__ = ["DecisionModel", "ANSWERS"]
 
 ANSWERS = ("label", "text")  # what the model's answer is: the option's label, or the action's own text
 
-CACHE_SIZE = 4096  # realisation sets kept (menus differ per state only when action text is realised)
+CACHE_SIZE = 4096  # realisation sets / text tries kept (menus differ per state only when action text is realised)
 
 
 class DecisionModel:
@@ -59,7 +59,7 @@ class DecisionModel:
         self.lower_case_labels = lower_case_labels
         self.counters = PolicyCounters()
         self._stop_ids: list[int] | None = None
-        self._realisations: OrderedDict[tuple, list[list[int]]] = OrderedDict()
+        self._realisations: OrderedDict[tuple, Any] = OrderedDict()   # realisation sets, or text tries
         make_labels(1, label_style)  # a bad style fails here, not on the first batch
 
     @classmethod
