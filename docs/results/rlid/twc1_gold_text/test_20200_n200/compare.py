@@ -1,21 +1,43 @@
-import json, sys
+"""Text LDM vs token level, paired over games: on test games 20200-20399 and on all 400 (20000-20399).
+
+Reads the episode records the evals wrote under runs/ (run from the repository root):
+    runs/rlid_twc1_gold_text/eval/{decision,token}.episodes.jsonl              (games 20000-20199)
+    runs/rlid_twc1_gold_text/eval_20200_n200/decision.episodes.jsonl          (games 20200-20399)
+    runs/rlid_twc1_gold/eval_20200_n100/, eval_20300_n100/ token.episodes.jsonl (the token policy, two halves)
+Prints success % and mean score of each, the paired bootstrap difference (LDM - token) with its 95 %
+interval, Wilson intervals, invalid and total moves.
+"""
+import json
+
 from rlid.evaluate import paired_difference, wilson_interval
-def load(path): return {r['seed']: r for r in map(json.loads, open(path))}
-base='runs/rlid_twc1_gold_text'
-d1=load(f'{base}/eval/decision.episodes.jsonl'); t1=load(f'{base}/eval/token.episodes.jsonl')
-d2=load(f'{base}/eval_20200_n200/decision.episodes.jsonl')
-t2={}
-for f in ('runs/rlid_twc1_gold/eval_20200_n100/token.episodes.jsonl','runs/rlid_twc1_gold/eval_20300_n100/token.episodes.jsonl'):
-    t2.update(load(f))
-assert sorted(t2)==sorted(d2)==list(range(20200,20400)), (len(t2), len(d2))
-for name,(d,t) in (('set 2 (20200-20399)',(d2,t2)),('pooled 400',({**d1,**d2},{**t1,**t2}))):
-    S=sorted(d)
-    for key in ('success','reward'):
-        a=[float(d[s][key]) for s in S]; b=[float(t[s][key]) for s in S]
-        r=paired_difference(a,b)
-        print(name, key, 'LDM', round(100*sum(a)/len(a),1) if key=='success' else round(sum(a)/len(a),3),
-              'token', round(100*sum(b)/len(b),1) if key=='success' else round(sum(b)/len(b),3),
-              'diff', [round(x*(100 if key=='success' else 1),1 if key=='success' else 3) for x in r])
-    for nm,x in (('LDM',d),('token',t)):
-        k=sum(x[s]['success'] for s in S); lo,hi=wilson_interval(k,len(S)); print(' ',nm,k,len(S),round(100*lo,1),round(100*hi,1),
-          'invalid', sum(x[s]['invalid'] for s in S), 'moves', sum(x[s]['steps'] for s in S))
+
+
+def load(path: str) -> dict[int, dict]:
+    with open(path) as f:
+        return {r["seed"]: r for r in map(json.loads, f)}
+
+
+def main() -> None:
+    base = "runs/rlid_twc1_gold_text"
+    d1, t1 = load(f"{base}/eval/decision.episodes.jsonl"), load(f"{base}/eval/token.episodes.jsonl")
+    d2 = load(f"{base}/eval_20200_n200/decision.episodes.jsonl")
+    t2 = {**load("runs/rlid_twc1_gold/eval_20200_n100/token.episodes.jsonl"),
+          **load("runs/rlid_twc1_gold/eval_20300_n100/token.episodes.jsonl")}
+    assert sorted(t2) == sorted(d2) == list(range(20200, 20400)), (len(t2), len(d2))
+    for name, (d, t) in (("set 2 (20200-20399)", (d2, t2)), ("pooled 400", ({**d1, **d2}, {**t1, **t2}))):
+        seeds = sorted(d)
+        for key, scale, digits in (("success", 100, 1), ("reward", 1, 3)):
+            a = [float(d[s][key]) for s in seeds]
+            b = [float(t[s][key]) for s in seeds]
+            diff = [round(x * scale, digits) for x in paired_difference(a, b)]
+            print(name, key, "LDM", round(scale * sum(a) / len(a), digits), "token", round(scale * sum(b) / len(b), digits),
+                  "LDM - token [95 %]", diff)
+        for policy, eps in (("LDM", d), ("token", t)):
+            k = sum(eps[s]["success"] for s in seeds)
+            lo, hi = wilson_interval(k, len(seeds))
+            print(" ", policy, k, "/", len(seeds), f"[{100 * lo:.1f}, {100 * hi:.1f}]",
+                  "invalid", sum(eps[s]["invalid"] for s in seeds), "moves", sum(eps[s]["steps"] for s in seeds))
+
+
+if __name__ == "__main__":
+    main()
