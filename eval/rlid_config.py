@@ -8,9 +8,9 @@ baseline under the same budget, held-out evaluation seeds, and distillation.
     train: {seeds: {start: 0, count: 400}, max_wall_s: 900, group_size: 4, lr: 1e-4, lora: {r: 8}}
     eval: {seeds: {start: 100000, count: 100}, batch: 100}   # batch: seeds rolled out together (written per block)
     distill: {epochs: 2, lr: 2e-4}     # init: decision starts the student's adapter from the trained LDM's
-    ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
     answer: text                       # the LDM answers with the action's own text, not its label
                                        #   (`rlid.text_law`; default: label)
+    ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
     # or chosen on dev seeds among each member alone and these settings (disjoint from eval seeds):
     #   ensemble: {members: [...], dev: {seeds: {start: 5000, count: 50}, candidates: [{lead: 1, weights: [1, 3]}, ...]}}
 
