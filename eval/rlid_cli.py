@@ -109,13 +109,15 @@ def distill(cfg: RlidConfig, args: argparse.Namespace) -> int:
     from rlid.token_policy import TokenPolicy
     from runtime.files import write_json_atomic
 
-    teacher_adapter = _adapter_dir(cfg, "decision")
+    d = cfg.distill
+    teacher_dir = Path(d["teacher"]) / "decision" if d.get("teacher") else cfg.output_path / "decision"
+    teacher_adapter = _newest_adapter(teacher_dir)
     if teacher_adapter is None:
-        raise ConfigError(f"no trained decision model under {cfg.output_path / 'decision'}; "
-                          f"run `adafuse rlid train {cfg.source} --plane decision` first")
+        fix = ("train that run's decision plane first, or fix distill.teacher" if d.get("teacher")
+               else f"run `adafuse rlid train {cfg.source} --plane decision` first")
+        raise ConfigError(f"no trained decision model under {teacher_dir}; {fix}")
     out = cfg.output_path / "distill"
     out.mkdir(parents=True, exist_ok=True)
-    d = cfg.distill
     seeds = range(d["seeds"]["start"], d["seeds"]["start"] + d["seeds"]["count"]) if d.get("seeds") else cfg.train_seeds
     member, _ = _member(cfg, adapter=teacher_adapter)
     examples, result = collect_examples(_decision_model(cfg, member), cfg.make_env(), seeds,
@@ -133,7 +135,8 @@ def distill(cfg: RlidConfig, args: argparse.Namespace) -> int:
     trainer.run()
     lora.save(out / "adapter")
     write_json_atomic(out / "log.json", {"teacher_train_success": result.success_rate, "examples": len(examples),
-                                         "init": d.get("init", "fresh"), "epochs": log})
+                                         "init": d.get("init", "fresh"), "teacher": str(teacher_adapter),
+                                         "epochs": log})
     return 0
 
 

@@ -8,6 +8,8 @@ baseline under the same budget, held-out evaluation seeds, and distillation.
     train: {seeds: {start: 0, count: 400}, max_wall_s: 900, group_size: 4, lr: 1e-4, lora: {r: 8}}
     eval: {seeds: {start: 100000, count: 100}, batch: 100}   # batch: seeds rolled out together (written per block)
     distill: {epochs: 2, lr: 2e-4}     # init: decision starts the student's adapter from the trained LDM's
+                                       # teacher: RUN_FOLDER distils another config's trained LDM (its
+                                       #   output_path; default: this config's own decision plane)
     answer: text                       # the LDM answers with the action's own text, not its label
                                        #   (`rlid.text_law`; default: label)
     ensemble: {members: [qwen2.5-coder-0.5b, gemma3-270m], threshold: 0.5, rule: mixture}
@@ -48,7 +50,8 @@ SCHEMA: dict[str, Field] = {
     "eval": Field((dict,), fields={"seeds": SEEDS, "greedy": Field((bool,)), "batch": Field((int,))}),
     "distill": Field((dict,), fields={"epochs": Field((int,)), "lr": Field((float,)), "batch_size": Field((int,)),
                                       "seeds": SEEDS, "only_successful": Field((bool,)), "lora": Field((dict,)),
-                                      "init": Field((str,), choices=("fresh", "decision"))}),
+                                      "init": Field((str,), choices=("fresh", "decision")),
+                                      "teacher": Field((str,))}),
     "ensemble": Field((dict,), fields={"members": Field((list,), required=True, item=Field((str,))),
                                        **SETTING,
                                        "adapters": Field((list,), item=Field((str, type(None)))),

@@ -63,6 +63,8 @@ class TrainConfig:
     takes one optimizer step on the same loss with advantage 1 on every gold move — −mean log π(gold
     option) in the decision plane (with `shuffle_menus`, in a fresh order), −mean log p(gold text) at
     token level: behaviour cloning inside the same wall budget, log and checkpoints (`rlid.gold`).
+    `rl_lr`: the learning rate of the rollout steps after the gold steps (None: `lr`), e.g. lower, so
+    RL refines what the imitation learned instead of undoing it; each log record has its step's `lr`.
     `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
     activations of a real model's batch of long prompts are what fills memory). `invalid_penalty`: the
     token-level reward of an unparsable action (the state stays; it counts as a step)."""
@@ -93,6 +95,7 @@ class TrainConfig:
     value_discount: float | None = None
     shuffle_menus: bool = False
     gold_steps: int = 0
+    rl_lr: float | None = None
     progress: bool = True
     lora: LoraSpec = field(default_factory=LoraSpec)
 
@@ -105,6 +108,9 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.gold_steps < 0:
             raise ConfigError(f"gold_steps must be 0 or more, got {self.gold_steps}")
+        for name in ("lr", "rl_lr"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if self.advantage not in ("group", "baseline"):
             raise ConfigError(f"advantage must be 'group' or 'baseline', got {self.advantage!r}")
         if self.max_steps is None and self.max_wall_s is None:
@@ -142,7 +148,7 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for name in RESUMABLE_FIELDS:
             d.pop(name)
-        for name in (*DECISION_ONLY, "gold_steps"):   # (runs from before these options have no such key)
+        for name in (*DECISION_ONLY, "gold_steps", "rl_lr"):   # (runs from before these options have no such key)
             if not d[name]:
                 d.pop(name)
         d["train_seeds"] = list(self.train_seeds)
@@ -273,13 +279,17 @@ class TrainerBase:
     def train_step(self) -> dict:
         """One step: rollouts on this step's seeds, one update; returns its log record."""
         seeds = step_seeds(self.config, self.step)
+        gold = self.step < self.config.gold_steps
+        lr = self.config.lr if gold or self.config.rl_lr is None else self.config.rl_lr
+        for group in self.optimizer.param_groups:   # (set every step: a resumed optimizer's state holds the old one)
+            group["lr"] = lr
         t0 = time.perf_counter()
-        rec = self.imitate_gold(seeds) if self.step < self.config.gold_steps else self.rollout_and_update(seeds)
+        rec = self.imitate_gold(seeds) if gold else self.rollout_and_update(seeds)
         wall = time.perf_counter() - t0
         self.step += 1
         self.counters["wall_s"] += wall
         self.counters["decisions"] += rec["decisions"]
-        return {"step": self.step, "wall_s": round(self.counters["wall_s"], 4), "seeds": seeds, **rec}
+        return {"step": self.step, "wall_s": round(self.counters["wall_s"], 4), "seeds": seeds, "lr": lr, **rec}
 
     def rollout_and_update(self, seeds: list[int]) -> dict:
         """`group_size` rollouts of each seed (`collect`, under no_grad, eval mode), advantages, update."""

@@ -205,3 +205,28 @@ def test_distill_init_decision_starts_from_the_teacher_adapter(tmp_path, model_d
     same = set(teacher) == set(student) and all(torch.equal(teacher[k], student[k]) for k in teacher)
     assert same == (init == "decision")
     assert json.loads((out / "distill" / "log.json").read_text())["init"] == init
+
+
+def test_distill_teacher_borrows_another_runs_trained_decision_model(tmp_path, model_dir, capsys):
+    """`distill.teacher: RUN` distils RUN's trained LDM into this config's folder (with `init: decision`
+    and lr 0 the student is exactly RUN's adapter); a teacher folder with no trained LDM is one line, exit 2."""
+    from safetensors.torch import load_file
+
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    config_a, out_a = write_config(tmp_path / "a", model_dir)
+    assert main(["rlid", "train", config_a, "--plane", "decision", "--no_progress"]) == 0
+    distill = {"epochs": 1, "batch_size": 2, "only_successful": False, "seeds": {"start": 0, "count": 2},
+               "lr": 0.0, "init": "decision", "teacher": str(out_a)}
+    config_b, out_b = write_config(tmp_path / "b", model_dir, distill=distill)
+    assert main(["rlid", "distill", config_b]) == 0
+    teacher = load_file(out_a / "decision" / "checkpoints" / "ckpt-00000002" / "adapter" / "adapter_model.safetensors")
+    student = load_file(out_b / "distill" / "adapter" / "adapter_model.safetensors")
+    assert set(teacher) == set(student) and all(torch.equal(teacher[k], student[k]) for k in teacher)
+    assert not (out_b / "decision").exists() and not (out_a / "distill").exists()
+    assert json.loads((out_b / "distill" / "log.json").read_text())["teacher"].startswith(str(out_a / "decision"))
+    capsys.readouterr()
+    config_c, _ = write_config(tmp_path / "c", model_dir, distill={**distill, "teacher": str(tmp_path / "nowhere")})
+    assert main(["rlid", "distill", config_c]) == 2
+    err = capsys.readouterr().err
+    assert "no trained decision model" in err and "distill.teacher" in err and err.count("\n") == 1

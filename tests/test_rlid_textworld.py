@@ -370,6 +370,37 @@ def test_gold_steps_imitate_the_gold_path_then_rl_takes_over(tmp_path, tiny_mode
     assert "gold" not in rl and rl["step"] == 2 and rl["success_rate"] is not None
 
 
+def test_rl_lr_sets_the_learning_rate_of_the_steps_after_the_gold_steps(tmp_path, tiny_model_dir):
+    """`rl_lr: 0`: the gold step moves the adapter at `lr`, the GRPO step after it (lr 0) leaves it
+    exactly as the gold step left it; each log record names its step's lr."""
+    import json
+
+    import yaml
+    import torch
+    from safetensors.torch import load_file
+
+    from eval.cli import main
+    from eval.rlid_config import parse_rlid
+    cfg = {"output_path": str(tmp_path / "run"), "model": tiny_model_dir, "seed": 0, "token_max_new_tokens": 4,
+           "env": {"name": "twc", "options": {"num_locations": 1, "num_items_to_put_away": 1, "max_steps": 3,
+                                              "compiled_memory": True}, "memory_k": 2},
+           "train": {"seeds": {"start": 0, "count": 4}, "seeds_per_step": 2, "group_size": 2, "max_steps": 2,
+                     "gold_steps": 1, "rl_lr": 0.0, "checkpoint_every": 1, "lr": 1e-2,
+                     "lora": {"r": 2, "alpha": 4}},
+           "eval": {"seeds": {"start": 20000, "count": 2}}}
+    path = tmp_path / "twc.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["rlid", "train", str(path), "--plane", "decision", "--no_progress"]) == 0
+    log = [json.loads(line) for line in (tmp_path / "run" / "decision" / "log.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in log] == [1e-2, 0.0] and log[0]["gold"] and "gold" not in log[1]
+    ckpts = tmp_path / "run" / "decision" / "checkpoints"
+    after_gold, after_rl = (load_file(ckpts / f"ckpt-{n:08d}" / "adapter" / "adapter_model.safetensors") for n in (1, 2))
+    assert all(torch.equal(after_gold[k], after_rl[k]) for k in after_gold)
+    assert any(k.endswith("lora_B.weight") and after_gold[k].abs().sum() > 0 for k in after_gold)   # the gold step moved it
+    with pytest.raises(ConfigError, match="rl_lr must be 0 or more"):
+        parse_rlid({**cfg, "train": {**cfg["train"], "rl_lr": -1.0}}, "twc.yaml")
+
+
 def test_gold_steps_on_a_game_without_gold_paths_is_a_one_line_config_error():
     from rlid.envs.countdown import CountdownEnv
     from rlid.gold import gold_moves
