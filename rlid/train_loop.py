@@ -148,9 +148,11 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         for name in RESUMABLE_FIELDS:
             d.pop(name)
-        for name in (*DECISION_ONLY, "gold_steps", "rl_lr"):   # (runs from before these options have no such key)
+        for name in (*DECISION_ONLY, "gold_steps"):   # (runs from before these options have no such key)
             if not d[name]:
                 d.pop(name)
+        if d["rl_lr"] is None:                          # (rl_lr 0 is a setting: kept)
+            d.pop("rl_lr")
         d["train_seeds"] = list(self.train_seeds)
         return json.loads(json.dumps(d))
 

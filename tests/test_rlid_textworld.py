@@ -397,6 +397,9 @@ def test_rl_lr_sets_the_learning_rate_of_the_steps_after_the_gold_steps(tmp_path
     after_gold, after_rl = (load_file(ckpts / f"ckpt-{n:08d}" / "adapter" / "adapter_model.safetensors") for n in (1, 2))
     assert all(torch.equal(after_gold[k], after_rl[k]) for k in after_gold)
     assert any(k.endswith("lora_B.weight") and after_gold[k].abs().sum() > 0 for k in after_gold)   # the gold step moved it
+    from rlid.train_loop import TrainConfig
+    fingerprints = [TrainConfig(train_seeds=(0,), max_steps=1, rl_lr=v).fingerprint() for v in (None, 0.0)]
+    assert "rl_lr" not in fingerprints[0] and fingerprints[1]["rl_lr"] == 0.0   # a run can't resume another's lr
     with pytest.raises(ConfigError, match="rl_lr must be 0 or more"):
         parse_rlid({**cfg, "train": {**cfg["train"], "rl_lr": -1.0}}, "twc.yaml")
 
