@@ -7,16 +7,15 @@ Reads the episode records the evals wrote under runs/ (run from the repository r
 Prints success % and mean score of each, the paired bootstrap difference (LDM - token) with its 95 %
 interval, Wilson intervals, the games each solves alone, invalid and total moves.
 """
-import json
-
-from rlid.evaluate import paired_difference, wilson_interval
+import importlib.util
+from pathlib import Path
 
 RUN = "runs/rlid_twc1_gold_text_rllr"
-
-
-def load(path: str) -> dict[int, dict]:
-    with open(path) as f:
-        return {r["seed"]: r for r in map(json.loads, f)}
+_spec = importlib.util.spec_from_file_location(   # the fifth session's record script: the same comparison
+    "compare_20200", Path(__file__).parent.parent / "twc1_gold_text" / "test_20200_n200" / "compare.py")
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)
+load, print_comparison = _shared.load, _shared.print_comparison
 
 
 def main() -> None:
@@ -26,21 +25,10 @@ def main() -> None:
     for name, (d, t) in sets.items():
         seeds = sorted(d)
         assert seeds == sorted(t), name
-        for key, scale, digits in (("success", 100, 1), ("reward", 1, 3)):
-            a = [float(d[s][key]) for s in seeds]
-            b = [float(t[s][key]) for s in seeds]
-            diff = [round(x * scale, digits) for x in paired_difference(a, b)]
-            print(name, key, "LDM", round(scale * sum(a) / len(a), digits), "token", round(scale * sum(b) / len(b), digits),
-                  "LDM - token [95 %]", diff)
+        print_comparison(name, d, t)
         print("  solved by both", sum(d[s]["success"] and t[s]["success"] for s in seeds),
               "only the LDM", sum(d[s]["success"] and not t[s]["success"] for s in seeds),
               "only the token level", sum(t[s]["success"] and not d[s]["success"] for s in seeds))
-        for policy, eps in (("LDM", d), ("token", t)):
-            k = sum(eps[s]["success"] for s in seeds)
-            lo, hi = wilson_interval(k, len(seeds))
-            print(" ", policy, k, "/", len(seeds), f"[{100 * lo:.1f}, {100 * hi:.1f}]",
-                  "invalid", sum(eps[s]["invalid"] for s in seeds), "moves", sum(eps[s]["steps"] for s in seeds))
-
 
 if __name__ == "__main__":
     main()
