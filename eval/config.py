@@ -333,9 +333,23 @@ def resolve_config_path(path: str | Path) -> Path:
     return path
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently,
+    so a pasted block could quietly override `output_path` or a setting declared above it)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(f"key {key!r} is given twice (line {key_node.start_mark.line + 1}); keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path, what: str = "config") -> Any:
     """The parsed YAML of a config file (`resolve_config_path`); a missing, empty, binary or non-UTF-8
-    file, a folder, or bad YAML is a one-line ConfigError."""
+    file, a folder, bad YAML or a key given twice in one mapping is a one-line ConfigError."""
     path = resolve_config_path(path)
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a folder; give the path of a {what} YAML file (see configs/)")
@@ -345,7 +359,9 @@ def read_yaml(path: str | Path, what: str = "config") -> Any:
         raise ConfigError(f"{what} file not found: {path}{hint}")
     text = read_text(path, f"a YAML {what}", "write it as UTF-8 YAML text (examples: configs/)", ConfigError)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML ({' '.join(str(exc).split())[:200]})") from None
 

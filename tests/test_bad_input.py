@@ -146,6 +146,8 @@ CASES: list[tuple[str, Argv, str]] = [
     ("config-not-utf8", ev(lambda e: e.file("n.yaml", b"tasks: [gsm8k]\ndescription: caf\xe9\n")),
      "line 2 is not UTF-8 text (byte 0xe9)"),
     ("config-bad-yaml", ev(lambda e: e.file("y.yaml", "tasks: [gsm8k\n")), "invalid YAML"),
+    ("config-key-twice", ev(lambda e: e.file("d.yaml", "tasks: [gsm8k]\noutput_path: a\noutput_path: b\n")),
+     "key 'output_path' is given twice (line 3); keep one"),
     ("config-a-list", ev(lambda e: e.file("l.yaml", "- a\n- b\n")), "the file must be a mapping, got list"),
     # -- eval config keys ---------------------------------------------------------------------
     ("key-unknown", ev(lambda e: e.cfg(taks=["gsm8k"])), "unknown key 'taks' (did you mean 'tasks'?)"),
