@@ -205,10 +205,17 @@ def _evaluate_ensemble(cfg: RlidConfig):
                         members=e["members"], setting={k: v for k, v in setting.items() if k in SETTING_KEYS + ("alone",)})
     if dev is not None:
         result.extra["dev"] = dev
-    for name, model in zip(e["members"], models):          # each member alone, same seeds
+    for m, model in enumerate(models):                    # each member alone, same seeds
         alone = evaluate_policy(model, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
-        result.extra[f"alone:{name}"] = alone.successes
+        result.extra[f"alone:{_member_label(cfg, m)}"] = alone.successes
     return result
+
+
+def _member_label(cfg: RlidConfig, m: int) -> str:
+    """"member m (name)", or "member m (name + adapter)": unique even when one model is a member twice."""
+    e = cfg.ensemble
+    adapter = (e.get("adapters") or [None] * len(e["members"]))[m]
+    return f"member {m} ({e['members'][m]}{f' + {adapter}' if adapter else ''})"
 
 
 SETTING_KEYS = ("weights", "lead", "threshold", "rule")
@@ -230,8 +237,8 @@ def _choose_on_dev(cfg: RlidConfig, models) -> tuple[dict[str, Any], dict[str, A
 
     e = cfg.ensemble
     seeds = seed_range(e["dev"].get("seeds"), (5_000, 50))
-    tried: list[tuple[str, dict[str, Any], Any]] = [(f"member {m} alone ({name})", {"alone": m}, models[m])
-                                                     for m, name in enumerate(e["members"])]
+    tried: list[tuple[str, dict[str, Any], Any]] = [(_member_label(cfg, m).replace(" (", " alone (", 1), {"alone": m},
+                                                      models[m]) for m in range(len(models))]
     for i, c in enumerate(e["dev"].get("candidates") or []):
         tried.append((f"candidate {i}: " + ", ".join(f"{k} {c[k]}" for k in SETTING_KEYS if k in c), c, _fused(models, c)))
     scores = []

@@ -128,6 +128,8 @@ def test_ensemble_chosen_on_dev_seeds(tmp_path, model_dir):
                                    "candidate 0: weights [1.0, 3.0], lead 1"]
     assert len(set(dev["scores"].values())) == 1 and dev["chosen"] == f"member 0 alone ({model_dir})"
     assert ens["setting"] == {"alone": 0} and ens["consulted"] == 0
+    # both copies are reported alone (one model listed twice must not overwrite its first record)
+    assert [k for k in ens if k.startswith("alone:")] == [f"alone:member 0 ({model_dir})", f"alone:member 1 ({model_dir})"]
 
 
 def test_pick_on_dev_takes_the_best_and_the_first_of_a_tie():
