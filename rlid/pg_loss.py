@@ -5,6 +5,8 @@ Decision plane (π a small categorical over each state's menu, so KL and entropy
   where a row n given option values V_n (a last move whose every option's reward is known) uses the
   exact expectation over its menu instead: −Σ_a π(a | s_n) V_n(a), whose gradient is
   E_{a~π}[V_n(a) ∇log π(a | s_n)] — the sampled term's mean, with no sampling variance.
+  An auxiliary exact term (`aux_values` R_n on rows `aux`, weight λ) adds −λ (1/N) Σ_n Σ_a π(a | s_n) R_n(a)
+  to either: the expected immediate reward over the whole menu, every option's reward known.
   KL(π ‖ π_ref) = Σ_a π(a) (log π(a) − log π_ref(a)), H(π) = −Σ_a π(a) log π(a).
 Token level (the action written as text y_1..y_T; the advantage goes to every generated token):
   loss = −(1/N) Σ_n A_n Σ_t log p(y_{n,t}) + β (1/N) Σ_n Σ_t k3_{n,t},
@@ -58,6 +60,9 @@ def decision_pg_loss(log_pi: torch.Tensor,            # [N, M] log π over each 
                      beta: float = 0.0, entropy_coef: float = 0.0, normaliser: int | None = None,
                      option_values: torch.Tensor | None = None,  # [N, M] V_n(a) (0 padded), rows used where `exact`
                      exact: torch.Tensor | None = None,          # [N] bool: rows scored by their exact expectation
+                     aux_values: torch.Tensor | None = None,     # [N, M] R_n(a) (0 padded), rows used where `aux`
+                     aux: torch.Tensor | None = None,            # [N] bool: rows that add the auxiliary term
+                     aux_weight: float = 0.0,
                      ) -> tuple[torch.Tensor, dict[str, float]]:
     """The decision-plane loss (module docstring) and its parts as floats (means over the N given)."""
     n = log_pi.shape[0]
@@ -69,6 +74,10 @@ def decision_pg_loss(log_pi: torch.Tensor,            # [N, M] log π over each 
         _, _, probs = _masked(log_pi)
         expected = (probs * option_values.to(log_pi.dtype)).sum(dim=-1)
         terms = torch.where(exact, expected, terms)
+    if aux_values is not None and aux is not None and aux_weight:
+        _, _, probs = _masked(log_pi)
+        expected = (probs * aux_values.to(log_pi.dtype)).sum(dim=-1)
+        terms = terms + aux_weight * torch.where(aux, expected, torch.zeros_like(expected))
     pg = -terms.sum() / norm
     loss = pg
     stats = {"pg_loss": float(pg.detach()), "logp_chosen": float(chosen.detach().mean()) if n else 0.0}

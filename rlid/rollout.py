@@ -6,7 +6,8 @@ round. Only menu entries are ever executed, so `Episode.invalid` stays 0; a poli
 wrong number of indices, or an index outside a state's menu, is a bug and raises ValueError.
 With `last_move_rewards`, each transition that was its episode's last move (an environment with
 `last_move_rewards()`, one move left) also records every option's reward (`Transition.option_rewards`);
-with `option_values`, every transition records every option's Q* (`env.option_values()`) there."""
+with `option_values`, every transition records every option's Q* (`env.option_values()`) there; with
+`option_rewards`, every option's immediate reward (`env.option_rewards()`)."""
 from __future__ import annotations
 
 import functools
@@ -47,10 +48,11 @@ def checked_choices(choices: Sequence[int], states: Sequence[DecisionState]) -> 
 
 def _lockstep(envs: Sequence[Environment], policy_fn: PolicyFn, seeds: Sequence[int], memory_k: int,
               last_move_rewards: bool = False, option_values: bool = False,
-              value_discount: float = 1.0) -> list[Episode]:
-    if last_move_rewards and option_values:
-        raise ValueError("ask for last_move_rewards or option_values, not both (option values include last moves)")
-    peek_name = "option_values" if option_values else "last_move_rewards" if last_move_rewards else None
+              value_discount: float = 1.0, option_rewards: bool = False) -> list[Episode]:
+    if last_move_rewards + option_values + option_rewards > 1:
+        raise ValueError("ask for one of last_move_rewards, option_values, option_rewards (each fills option_rewards)")
+    peek_name = ("option_values" if option_values else "last_move_rewards" if last_move_rewards else
+                 "option_rewards" if option_rewards else None)
     episodes = [Episode(env=env.name, seed=seed) for env, seed in zip(envs, seeds)]
     for env, seed in zip(envs, seeds):
         env.reset(seed)
@@ -81,10 +83,11 @@ def run_episode(env: Environment, policy_fn: PolicyFn, seed: int, memory_k: int 
 
 def run_episodes(make_env_fn: Callable[[], Environment], policy_fn: PolicyFn, seeds: Iterable[int],
                  memory_k: int = 0, last_move_rewards: bool = False, option_values: bool = False,
-                 value_discount: float = 1.0) -> list[Episode]:
+                 value_discount: float = 1.0, option_rewards: bool = False) -> list[Episode]:
     """One episode per seed (in `seeds` order), each in its own `make_env_fn()` environment, stepped
     in lockstep: every `policy_fn` call is one batch over all episodes still running. `option_values`
-    records `env.option_values(discount=value_discount)` at every decision."""
+    records `env.option_values(discount=value_discount)` at every decision, `option_rewards` records
+    `env.option_rewards()` (each option's immediate reward)."""
     seeds = list(seeds)
     envs = [make_env_fn() for _ in seeds]
-    return _lockstep(envs, policy_fn, seeds, memory_k, last_move_rewards, option_values, value_discount)
+    return _lockstep(envs, policy_fn, seeds, memory_k, last_move_rewards, option_values, value_discount, option_rewards)

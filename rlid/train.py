@@ -25,6 +25,9 @@ sampled term estimates for that state (GRPO also divides by a std), with no samp
 Last moves whose options all earn the same reward carry no signal and are skipped.
 `exact_values`: the same at every decision, V = the options' Q* (`env.option_values()`: the
 environment's solvability check as the critic; `rlid.run_episodes(option_values=True)`).
+`immediate_rewards` λ: the rollout records every option's immediate reward at every decision
+(`rlid.run_episodes(option_rewards=True)`); decisions whose options' rewards differ keep their sampled
+term and add −λ Σ_a π(a) r(a) / (std of the step's returns) (`decision_pg_loss`'s auxiliary term).
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ class DecisionTrainer(TrainerBase):
         self.policy, self.rollout = policy, rollout
         self._acted: dict[int, tuple[DecisionState, list[float]]] = {}
         self._exact: dict[int, tuple[DecisionState, list[float]]] = {}
+        self._aux: dict[int, tuple[DecisionState, list[float]]] = {}
         self._perm: dict[int, tuple[DecisionState, list[int], DecisionState]] = {}
 
     def choose(self, states: list[DecisionState]) -> list[int]:
@@ -91,16 +95,18 @@ class DecisionTrainer(TrainerBase):
         c = self.config
         discount = {} if c.value_discount is None else {"value_discount": c.value_discount}
         rollout = (functools.partial(self.rollout, option_values=True, **discount) if c.exact_values else
-                   functools.partial(self.rollout, last_move_rewards=True) if c.exact_last_move else self.rollout)
+                   functools.partial(self.rollout, last_move_rewards=True) if c.exact_last_move else
+                   functools.partial(self.rollout, option_rewards=True) if c.immediate_rewards else self.rollout)
         episodes = rollout(self.make_env, self.choose, run_seeds, memory_k=c.memory_k)
-        if c.exact_last_move or c.exact_values:
+        if c.exact_last_move or c.exact_values or c.immediate_rewards:
+            into = self._aux if c.immediate_rewards else self._exact
             returns = torch.tensor([ep.total_reward for ep in episodes], dtype=torch.float64)
             std = float(returns.std()) if len(episodes) > 1 else 0.0
             scale = 1.0 / (std + 1e-6) if std > 0 else 1.0
             for ep in episodes:
                 for t in ep.transitions:
                     if t.option_rewards is not None and max(t.option_rewards) > min(t.option_rewards):
-                        self._exact[id(t.state)] = (t.state, [r * scale for r in t.option_rewards])
+                        into[id(t.state)] = (t.state, [r * scale for r in t.option_rewards])
         return episodes, [[t.state for t in ep.transitions] for ep in episodes]
 
     def imitate_gold(self, seeds: list[int]) -> dict:
@@ -109,7 +115,7 @@ class DecisionTrainer(TrainerBase):
 
     def _forget(self) -> None:
         """Drop the last step's per-state records (log π at rollout, exact values, shown permutations)."""
-        self._acted, self._exact, self._perm = {}, {}, {}
+        self._acted, self._exact, self._aux, self._perm = {}, {}, {}, {}
 
     def gold_payload(self, state: DecisionState, index: int) -> DecisionState:
         """The gold move's state (with `shuffle_menus`, registered in a fresh order, as a rollout's is)."""
@@ -118,8 +124,20 @@ class DecisionTrainer(TrainerBase):
         return state
 
     def scores_exactly(self, payload) -> bool:
-        seen = self._exact.get(id(payload))
-        return seen is not None and seen[0] is payload
+        return any((seen := table.get(id(payload))) is not None and seen[0] is payload for table in (self._exact, self._aux))
+
+    def _rows(self, table: dict, states: list[DecisionState], views, like: torch.Tensor):
+        """(values [N, M] in the order shown, mask [N]) of the states recorded in `table`, or (None, None)."""
+        if not table:
+            return None, None
+        mask = torch.tensor([(seen := table.get(id(s))) is not None and seen[0] is s for s in states])
+        values = torch.zeros_like(like)
+        for row, (state, (_, perm)) in enumerate(zip(states, views)):
+            if mask[row]:
+                v = table[id(state)][1]                           # in the environment's order
+                v = [v[i] for i in perm] if perm is not None else v
+                values[row, :len(v)] = torch.tensor(v, dtype=values.dtype)
+        return values, mask
 
     def _rescore(self, part: list[tuple[DecisionState, int, float]], n: int) -> tuple[dict[str, float], float | None]:
         """Loss of one chunk of decisions (normalised by the step's `n`), backpropagated; its stats
@@ -134,19 +152,15 @@ class DecisionTrainer(TrainerBase):
             with torch.no_grad(), self.adapter.reference():
                 ref = pad_log_probs([law.log_probs for law in self.policy.laws([v for v, _ in views])])
         advs = torch.tensor([a for _, _, a in part], dtype=log_pi.dtype)
-        values, exact = None, None
-        if self._exact:
-            exact = torch.tensor([self.scores_exactly(s) for s in states])
-            values = torch.zeros_like(log_pi.detach())
-            for row, (state, (_, perm)) in enumerate(zip(states, views)):
-                if exact[row]:
-                    v = self._exact[id(state)][1]                 # in the environment's order
-                    v = [v[i] for i in perm] if perm is not None else v
-                    values[row, :len(v)] = torch.tensor(v, dtype=values.dtype)
+        values, exact = self._rows(self._exact, states, views, log_pi.detach())
+        aux_values, aux = self._rows(self._aux, states, views, log_pi.detach())
         loss, stats = decision_pg_loss(log_pi, actions, advs, ref, c.beta, c.entropy_coef, normaliser=n,
-                                       option_values=values, exact=exact)
+                                       option_values=values, exact=exact, aux_values=aux_values, aux=aux,
+                                       aux_weight=c.immediate_rewards)
         if exact is not None:
             stats["exact"] = float(exact.float().mean())
+        if aux is not None:
+            stats["aux"] = float(aux.float().mean())
         loss.backward()
         gaps = [abs(float(row[action]) - seen[1][action]) for row, state, action in zip(log_pi.detach(), states, actions.tolist())
                 if (seen := self._acted.get(id(state))) is not None and seen[0] is state]

@@ -36,7 +36,7 @@ TIME_FIELDS = ("wall_s", "rollout_s", "update_s", "decisions_per_s")
 # chunks' gradients add up to the same one; only float rounding follows the chunking)
 RESUMABLE_FIELDS = ("max_steps", "max_wall_s", "progress", "checkpoint_every", "keep_checkpoints", "rescore_batch")
 LOG, CONFIG, CHECKPOINTS = "log.jsonl", "config.json", "checkpoints"
-DECISION_ONLY = ("exact_last_move", "exact_values", "value_discount", "shuffle_menus")   # settings of the labelled menu
+DECISION_ONLY = ("exact_last_move", "exact_values", "value_discount", "shuffle_menus", "immediate_rewards")   # settings of the labelled menu
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,11 @@ class TrainConfig:
     takes one optimizer step on the same loss with advantage 1 on every gold move — −mean log π(gold
     option) in the decision plane (with `shuffle_menus`, in a fresh order), −mean log p(gold text) at
     token level: behaviour cloning inside the same wall budget, log and checkpoints (`rlid.gold`).
+    `immediate_rewards` λ (decision plane; 0 = off): every decision whose menu options earn different
+    immediate rewards (`option_rewards()`, each option executed on a copy) also adds the exact term
+    −λ Σ_a π(a | s) r(a) / (std of the step's returns) to the sampled one: the all-action gradient of
+    what the move itself earns (TWC: +0.25 for a right put or a take, −0.25 for a wrong put), the
+    episode's later credit left to the sampled term.
     `rl_lr`: the learning rate of the rollout steps after the gold steps (None: `lr`), e.g. lower, so
     RL refines what the imitation learned instead of undoing it; each log record has its step's `lr`.
     `rescore_batch`: decisions per forward-with-grad (None: all in one; may change on resume; the
@@ -93,6 +98,7 @@ class TrainConfig:
     exact_last_move: bool = False
     exact_values: bool = False
     value_discount: float | None = None
+    immediate_rewards: float = 0.0
     shuffle_menus: bool = False
     gold_steps: int = 0
     rl_lr: float | None = None
@@ -122,6 +128,10 @@ class TrainConfig:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.exact_last_move and self.exact_values:
             raise ConfigError("exact_values already scores every last move exactly; set exact_last_move or exact_values, not both")
+        if self.immediate_rewards < 0:
+            raise ConfigError(f"immediate_rewards is a weight >= 0 (0: off), got {self.immediate_rewards}")
+        if self.immediate_rewards and (self.exact_last_move or self.exact_values):
+            raise ConfigError("immediate_rewards adds to the sampled term; set it or exact_last_move / exact_values, not both")
         if self.value_discount is not None:
             if not self.exact_values:
                 raise ConfigError("value_discount discounts the exact option values: set exact_values: true with it")
@@ -331,7 +341,7 @@ class TrainerBase:
         raise NotImplementedError
 
     def scores_exactly(self, payload: Any) -> bool:
-        """Whether this decision is scored by an exact expectation (so it counts with advantage 0)."""
+        """Whether this decision has an exact expectation term (so it counts with advantage 0)."""
         return False
 
     def episode_fields(self, episodes: Sequence[Episode], rollout_s: float) -> dict:

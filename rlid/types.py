@@ -89,7 +89,7 @@ class Policy(Protocol):
 @dataclass
 class Transition:
     """One executed decision in a rollout: the state, the chosen menu index, and its result;
-    `option_rewards`: every option's reward where the rollout asked for them (a last move)."""
+    `option_rewards`: every option's reward (or Q*) where the rollout asked for them."""
 
     state: DecisionState
     action: int

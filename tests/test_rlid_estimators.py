@@ -105,6 +105,89 @@ def test_exact_last_move_is_refused_by_the_token_trainer():
         TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, exact_values=True))
 
 
+# ---- the immediate-reward term ---------------------------------------------------------------------
+def test_aux_rows_add_lambda_times_the_exact_mean_gradient_to_the_sampled_term():
+    """The auxiliary term adds λ·(−Σ_a π(a) R(a)) on its rows and leaves the sampled term in place."""
+    theta = torch.tensor([[0.3, -1.0, 0.8, 0.0], [0.1, 0.2, -0.4, float("-inf")]], requires_grad=True)
+    rewards = torch.tensor([[0.25, 0.0, -0.25, 0.0], [0.5, 0.0, 1.5, 0.0]])
+    advantages, actions = torch.tensor([0.7, -0.2]), torch.tensor([2, 0])
+    aux = torch.tensor([True, False])
+    loss, _ = decision_pg_loss(torch.log_softmax(theta, -1), actions, advantages, aux_values=rewards, aux=aux,
+                               aux_weight=0.5)
+    (grad,) = torch.autograd.grad(loss, theta)
+    log_pi = torch.log_softmax(theta, -1)
+    sampled = sum(torch.autograd.grad(-advantages[n] * log_pi[n, actions[n]] / 2, theta, retain_graph=True)[0]
+                  for n in range(2))
+    expected = -(log_pi[0].exp() * rewards[0]).sum() / 2
+    extra = torch.autograd.grad(0.5 * expected, theta)[0]
+    assert torch.allclose(grad, sampled + extra, atol=1e-6)
+    plain, _ = decision_pg_loss(torch.log_softmax(theta, -1), actions, advantages)
+    zero, _ = decision_pg_loss(torch.log_softmax(theta, -1), actions, advantages, aux_values=rewards, aux=aux)
+    assert float(plain) == float(zero)                                   # weight 0: the sampled loss exactly
+
+
+class FlatRewardEnv(PickEnv):
+    """Every move ends the episode with reward 0 (so every group's advantage is 0), but the
+    environment can tell each option's immediate reward: "right" (wherever listed) would earn 1."""
+
+    def step(self, i):
+        return StepResult(0.0, True, success=False)
+
+    def option_rewards(self):
+        return [1.0 if a == "right" else 0.0 for a in self.menu()]
+
+
+def test_immediate_rewards_teach_what_flat_returns_cannot():
+    """Flat returns give the sampled term nothing; the immediate-reward term alone moves π toward
+    the option that earns."""
+    pol = decision_policy()
+    before = p_right(pol)
+    recs = DecisionTrainer(pol, FlatRewardEnv, config(max_steps=6, immediate_rewards=1.0)).run()
+    assert all(r["aux"] == 1.0 and r["rescored"] == r["decisions"] for r in recs)
+    assert p_right(pol) > before + 0.3
+    pol = decision_policy()
+    recs = DecisionTrainer(pol, FlatRewardEnv, config(max_steps=2)).run()
+    assert all(r["rescored"] == 0 for r in recs) and abs(p_right(pol) - before) < 1e-6    # off: nothing to learn
+
+
+def test_immediate_rewards_follow_a_shuffled_menu(monkeypatch):
+    """With shuffled menus each option's reward sits at the position where that option was shown."""
+    import rlid.train as train_module
+
+    seen: list[tuple[list[tuple[str, ...]], torch.Tensor]] = []
+    real_loss, real_rescore = train_module.decision_pg_loss, DecisionTrainer._rescore
+    shown: list[list[tuple[str, ...]]] = []
+
+    def rescore(self, part, n):
+        shown.append([self._view(state)[0].actions for state, _, _ in part])
+        return real_rescore(self, part, n)
+
+    def loss(log_pi, *args, aux_values=None, aux=None, **kw):
+        seen.append(aux_values)
+        return real_loss(log_pi, *args, aux_values=aux_values, aux=aux, **kw)
+
+    monkeypatch.setattr(DecisionTrainer, "_rescore", rescore)
+    monkeypatch.setattr(train_module, "decision_pg_loss", loss)
+    DecisionTrainer(decision_policy(), FlatRewardEnv, config(max_steps=2, immediate_rewards=1.0, shuffle_menus=True)).run()
+    menus = [m for chunk in shown for m in chunk]
+    assert len(set(menus)) > 1                                          # the order did change
+    values = torch.cat(seen)
+    assert values.shape[0] == len(menus)
+    for menu, row in zip(menus, values):
+        assert row.tolist() == [1.0 if a == "right" else 0.0 for a in menu]
+
+
+def test_immediate_rewards_settings():
+    with pytest.raises(ConfigError, match="weight >= 0"):
+        config(max_steps=1, immediate_rewards=-1.0)
+    with pytest.raises(ConfigError, match="not both"):
+        config(max_steps=1, immediate_rewards=1.0, exact_values=True)
+    from rlid.token_policy import TokenPolicy
+
+    with pytest.raises(ConfigError, match="immediate_rewards is for the decision plane"):
+        TokenTrainer(TokenPolicy(tiny_member("llama")), PickEnv, config(max_steps=1, immediate_rewards=1.0))
+
+
 class OrderEnv(PickEnv):
     """PickEnv whose paying option is "right" wherever the menu lists it."""
 

@@ -146,6 +146,29 @@ def test_steps_change_the_state_and_the_reward_follows_the_score(name):
     env.close()
 
 
+def test_option_rewards_are_what_each_move_earns_and_leave_the_game_alone():
+    """`option_rewards()` (each option on a replayed copy) at the states of a gold path: the gold
+    move's entry is the reward the game then gives it; a right put earns, a wrong put costs; the
+    game itself is not moved."""
+    env = make_env("twc", num_locations=1, num_items_to_put_away=2)
+    env.reset(5)   # TextWorldExpress 1.1, twc train seed 5: a chopping board and a used tissue in the kitchen
+    put_seen = False
+    for action in env.gold_actions():
+        menu, observation = env.menu(), env.observation()
+        rewards = env.option_rewards()
+        assert len(rewards) == len(menu) and env.menu() == menu and env.observation() == observation
+        result = env.step(menu.index(action))
+        assert rewards[menu.index(action)] == pytest.approx(result.reward)
+        puts = {a: r for a, r in zip(menu, rewards) if a.startswith("put ")}
+        if action.startswith("put ") and len(puts) > 1:
+            put_seen = True
+            assert puts[action] > 0 and min(puts.values()) < 0
+        if result.done:
+            break
+    assert put_seen and env.option_rewards() is None
+    env.close()
+
+
 def test_the_episode_ends_at_max_steps_with_the_score_so_far():
     env = make_env("twc", max_steps=2)
     env.reset(0)

@@ -170,6 +170,13 @@ class MenuEnvironment:
                 values.append(1.0 if discount == 1.0 else discount ** twin.solution_length())
         return values
 
+    def option_rewards(self) -> list[float] | None:
+        """The immediate reward of every menu option, each executed on a copy of this state (what the
+        move itself earns, not what follows it); None once the episode is over."""
+        if self._done:
+            return None
+        return [self._twin().step(i).reward for i in range(len(self.menu()))]
+
     def option_wins(self) -> list[bool] | None:
         """Which menu options solve the puzzle at once, each executed on a copy; None once the
         episode is over."""
