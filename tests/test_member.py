@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from runtime.kv_state import KVState
 from runtime.sampling import logits_to_probs
 from runtime.testing import bpe_tokenizer, char_tokenizer, tiny_member
 

@@ -125,8 +125,21 @@ def test_rollout_records_option_values_at_every_move_when_asked():
     episodes = run_episodes(make, first, [0, 1, 2], option_values=True)
     assert all(t.option_rewards is not None and len(t.option_rewards) == len(t.state.actions)
                for ep in episodes for t in ep.transitions)
-    with pytest.raises(ValueError, match="not both"):
-        run_episodes(make, first, [0], option_values=True, last_move_rewards=True)
+    for both in ({"last_move_rewards": True}, {"option_rewards": True}):
+        with pytest.raises(ValueError, match="ask for one of"):
+            run_episodes(make, first, [0], option_values=True, **both)
+
+
+def test_rollout_records_each_options_immediate_reward_when_asked():
+    """`option_rewards=True`: every move records what each option would earn now; the chosen option's
+    entry is the reward that move got."""
+    make = lambda: CountdownEnv(CountdownOptions(reach_shaping=0.5))  # noqa: E731
+    first = lambda states: [0] * len(states)  # noqa: E731
+    episodes = run_episodes(make, first, [0, 1, 2], option_rewards=True)
+    moves = [t for ep in episodes for t in ep.transitions]
+    assert all(len(t.option_rewards) == len(t.state.actions) and t.option_rewards[t.action] == t.result.reward
+               for t in moves)
+    assert any(max(t.option_rewards) > min(t.option_rewards) for t in moves)
 
 
 def test_rollout_records_last_move_rewards_only_when_asked():
