@@ -123,7 +123,7 @@ def test_aux_rows_add_lambda_times_the_exact_mean_gradient_to_the_sampled_term()
     assert torch.allclose(grad, sampled + extra, atol=1e-6)
     plain, _ = decision_pg_loss(torch.log_softmax(theta, -1), actions, advantages)
     zero, _ = decision_pg_loss(torch.log_softmax(theta, -1), actions, advantages, aux_values=rewards, aux=aux)
-    assert float(plain) == float(zero)                                   # weight 0: the sampled loss exactly
+    assert float(plain.detach()) == float(zero.detach())                 # weight 0: the sampled loss exactly
 
 
 class FlatRewardEnv(PickEnv):

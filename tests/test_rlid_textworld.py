@@ -169,6 +169,23 @@ def test_option_rewards_are_what_each_move_earns_and_leave_the_game_alone():
     env.close()
 
 
+def test_failed_puts_line_lists_each_wrong_put_once():
+    env = make_env("twc", num_locations=1, num_items_to_put_away=2, compiled_memory=True, failed_puts=True)
+    env.reset(5)   # train seed 5: a chopping board (belongs on the counter) and a used tissue in the kitchen
+    assert "Tried, not where they belong: nothing yet." in env.memory(1).splitlines()
+    play(env, ["take chopping board", "put chopping board in dining chair", "take chopping board",
+               "put chopping board in dining chair"])
+    lines = env.memory(1).splitlines()
+    assert "Tried, not where they belong: chopping board in the dining chair." in lines
+    plain = make_env("twc", num_locations=1, num_items_to_put_away=2, compiled_memory=True)
+    plain.reset(5)
+    assert not any(line.startswith("Tried") for line in plain.memory(1).splitlines())
+    with pytest.raises(ConfigError, match="compiled_memory: true"):
+        make_env("twc", failed_puts=True)
+    env.close()
+    plain.close()
+
+
 def test_the_episode_ends_at_max_steps_with_the_score_so_far():
     env = make_env("twc", max_steps=2)
     env.reset(0)

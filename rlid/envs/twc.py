@@ -8,14 +8,16 @@ picking up a misplaced object and putting it where it belongs (taking a placed o
 one in the wrong place lowers it); it is 1.0, and the episode solved, once every object is in place.
 Menu, rewards, folds, episode end, memory and the JVM: `rlid.envs.textworld`. Compiled memory adds
 "Placed where they belong: <object> in <container>; ..." (a put that raised the score, until the
-object is taken again)."""
+object is taken again); with `failed_puts` also "Tried, not where they belong: <object> in <container>;
+..." (every put that lowered the score, once each)."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from rlid.envs.base import check_int
+from runtime.errors import ConfigError
+from rlid.envs.base import check_bool, check_int
 from rlid.envs.text_memory import Record
 from rlid.envs.textworld import TextWorldEnv, check_textworld_options
 
@@ -37,11 +39,15 @@ class TWCOptions:
     fold: str | None = None
     max_steps: int = 20
     compiled_memory: bool = False
+    failed_puts: bool = False
 
     def validate(self) -> None:
         check_int("num_locations", self.num_locations, 1, 3)
         check_int("num_items_to_put_away", self.num_items_to_put_away, 1, 4)
         check_textworld_options(self)
+        check_bool("failed_puts", self.failed_puts)
+        if self.failed_puts and not self.compiled_memory:
+            raise ConfigError("failed_puts is a line of the compiled memory; set compiled_memory: true with it")
 
 
 def placed(records: Sequence[Record]) -> dict[str, str]:
@@ -54,6 +60,16 @@ def placed(records: Sequence[Record]) -> dict[str, str]:
         elif take:
             where.pop(take.group("item"), None)
     return where
+
+
+def failed_puts(records: Sequence[Record]) -> list[tuple[str, str]]:
+    """(object, where) of every put that lowered the score, in order, each once."""
+    out: list[tuple[str, str]] = []
+    for r in records[1:]:
+        put = _PUT.match(r.action or "")
+        if put and r.reward < 0 and (put.group("item"), put.group("where")) not in out:
+            out.append((put.group("item"), put.group("where")))
+    return out
 
 
 class TWCEnv(TextWorldEnv):
@@ -74,4 +90,8 @@ class TWCEnv(TextWorldEnv):
     def progress(self, records: Sequence[Record]) -> list[str]:
         done = placed(records)
         text = "; ".join(f"{item} in the {where}" for item, where in done.items()) or "nothing yet"
-        return [f"Placed where they belong: {text}."]
+        lines = [f"Placed where they belong: {text}."]
+        if self.options.failed_puts:
+            tried = failed_puts(records)
+            lines.append(f"Tried, not where they belong: {'; '.join(f'{i} in the {w}' for i, w in tried) or 'nothing yet'}.")
+        return lines
