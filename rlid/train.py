@@ -47,6 +47,12 @@ from rlid.types import DecisionState, Environment, Episode, Policy
 Rollout = Callable[..., list[Episode]]  # (make_env_fn, policy_fn, seeds, memory_k) -> episodes
 
 
+def _recorded(table: dict[int, tuple], state: DecisionState) -> tuple | None:
+    """`table`'s record of this very state (keyed by id; the record's first item is the state), or None."""
+    seen = table.get(id(state))
+    return seen if seen is not None and seen[0] is state else None
+
+
 class DecisionTrainer(TrainerBase):
     """`policy`: a DecisionModel-like `Policy` (`.laws(states)`, with autograd when grad is on) whose
     `.member.model` gets the LoRA adapter; `make_env()`: a fresh `Environment`."""
@@ -86,8 +92,8 @@ class DecisionTrainer(TrainerBase):
 
     def _view(self, state: DecisionState) -> tuple[DecisionState, list[int] | None]:
         """The state as the policy saw it and the permutation (shown position -> env index), or None."""
-        seen = self._perm.get(id(state))
-        return (seen[2], seen[1]) if seen is not None and seen[0] is state else (state, None)
+        seen = _recorded(self._perm, state)
+        return (seen[2], seen[1]) if seen is not None else (state, None)
 
     def collect(self, run_seeds: list[int]) -> tuple[list[Episode], list[list[DecisionState]]]:
         """The rollouts (`self.rollout`, lockstep, options drawn by `choose`); payload = the state."""
@@ -124,20 +130,20 @@ class DecisionTrainer(TrainerBase):
         return state
 
     def scores_exactly(self, payload) -> bool:
-        return any((seen := table.get(id(payload))) is not None and seen[0] is payload for table in (self._exact, self._aux))
+        return any(_recorded(table, payload) is not None for table in (self._exact, self._aux))
 
     def _rows(self, table: dict, states: list[DecisionState], views, like: torch.Tensor):
         """(values [N, M] in the order shown, mask [N]) of the states recorded in `table`, or (None, None)."""
         if not table:
             return None, None
-        mask = torch.tensor([(seen := table.get(id(s))) is not None and seen[0] is s for s in states])
+        records = [_recorded(table, s) for s in states]
         values = torch.zeros_like(like)
-        for row, (state, (_, perm)) in enumerate(zip(states, views)):
-            if mask[row]:
-                v = table[id(state)][1]                           # in the environment's order
+        for row, (seen, (_, perm)) in enumerate(zip(records, views)):
+            if seen is not None:
+                v = seen[1]                                       # in the environment's order
                 v = [v[i] for i in perm] if perm is not None else v
                 values[row, :len(v)] = torch.tensor(v, dtype=values.dtype)
-        return values, mask
+        return values, torch.tensor([seen is not None for seen in records])
 
     def _rescore(self, part: list[tuple[DecisionState, int, float]], n: int) -> tuple[dict[str, float], float | None]:
         """Loss of one chunk of decisions (normalised by the step's `n`), backpropagated; its stats
@@ -163,5 +169,5 @@ class DecisionTrainer(TrainerBase):
             stats["aux"] = float(aux.float().mean())
         loss.backward()
         gaps = [abs(float(row[action]) - seen[1][action]) for row, state, action in zip(log_pi.detach(), states, actions.tolist())
-                if (seen := self._acted.get(id(state))) is not None and seen[0] is state]
+                if (seen := _recorded(self._acted, state)) is not None]
         return stats, max(gaps) if gaps else None

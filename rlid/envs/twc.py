@@ -23,8 +23,8 @@ from rlid.envs.textworld import TextWorldEnv, check_textworld_options
 
 INSTRUCTION = ("TextWorld Commonsense: some objects in this house are out of place. Find them, pick them up "
                "and put each one where it usually belongs.")
-_PUT = re.compile(r"^put (?P<item>.+?) (?:in|on) (?P<where>.+)$")
-_TAKE = re.compile(r"^take (?P<item>.+?)(?: from .+)?$")
+PUT_MOVE = re.compile(r"^put (?P<item>.+?) (?:in|on) (?P<where>.+)$")
+TAKE_MOVE = re.compile(r"^take (?P<item>.+?)(?: from .+)?$")
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def placed(records: Sequence[Record]) -> dict[str, str]:
     """Object -> where it was put, for the puts that raised the score and were not taken back."""
     where: dict[str, str] = {}
     for r in records[1:]:
-        put, take = _PUT.match(r.action or ""), _TAKE.match(r.action or "")
+        put, take = PUT_MOVE.match(r.action or ""), TAKE_MOVE.match(r.action or "")
         if put and r.reward > 0:
             where[put.group("item")] = put.group("where")
         elif take:
@@ -66,7 +66,7 @@ def failed_puts(records: Sequence[Record]) -> list[tuple[str, str]]:
     """(object, where) of every put that lowered the score, in order, each once."""
     out: list[tuple[str, str]] = []
     for r in records[1:]:
-        put = _PUT.match(r.action or "")
+        put = PUT_MOVE.match(r.action or "")
         if put and r.reward < 0 and (put.group("item"), put.group("where")) not in out:
             out.append((put.group("item"), put.group("where")))
     return out

@@ -12,16 +12,15 @@ is not what limits success.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 from rlid.envs import make_env
+from rlid.envs.twc import PUT_MOVE
 
 RUN = Path("runs/rlid_twc1_gold_text_rllr")
 FOLDERS = ("eval", "eval_20600_n200")
-PUT = re.compile(r"^put (?P<item>.+?) (?:in|on) (?P<where>.+)$")
 
 
 def replay(env, record: dict) -> dict:
@@ -34,7 +33,7 @@ def replay(env, record: dict) -> dict:
             invalid += 1
             continue
         result = env.step(menu.index(action))
-        if PUT.match(action):
+        if PUT_MOVE.match(action):
             puts += 1
             if result.reward < 0:
                 wrong.append(action)
