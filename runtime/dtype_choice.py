@@ -5,16 +5,21 @@ and which dtype decodes faster depends on it: where the CPU computes bfloat16 do
 oneDNN's packed bfloat16 linear streams half the bytes of float32; elsewhere bfloat16 is emulated
 (unpacked `nn.Linear`), which still halves the bytes streamed and may or may not win (an idle 2-core
 AVX2 EPYC, 2026-12-05: a qwen-0.5b forward took 79 ms in unpacked bfloat16 vs 136 ms in packed
-float32), so it is measured there too rather than assumed slow. A decode step of these models is
-dominated by its linear layers with 1-16 rows, so `measure_linears` times a linear of a decoder's MLP
-shape (default Qwen2.5-0.5B's 896 x 4864) at 1 and 8 rows in each candidate dtype, packed as the
-loader would pack it (`_linear`), the dtypes taking turns, and `choose_dtype` keeps bfloat16 only if it
-is faster than float32 by a margin (bfloat16 changes the outputs; noise must not flip a choice). It
+float32), so it is measured there too rather than assumed slow. What is measured is the linear work of one
+evaluated example, `EXAMPLE_WORKLOAD`: decode steps at 1 and 8 rows (one example, a batch of them) and
+its prompt's prefill at 256 rows, a linear of a decoder's MLP shape (default Qwen2.5-0.5B's 896 x 4864)
+in each candidate dtype, packed as the loader would pack it (`_linear`), the dtypes taking turns, and
+`choose_dtype` keeps bfloat16 only if it is faster than float32 by a margin (bfloat16 changes the
+outputs; noise must not flip a choice). The prompt matters: emulated bfloat16 can tie float32 at one
+row and lose 9x at hundreds (an idle 2-core AVX2 EPYC, family 23, 2026-12-07, `benchmarks/dtype_rows.py`:
+0.93x at 1 row, 3.7x at 8, 9.2x at 256; a whole qwen2.5-coder-0.5b example of 512 prompt tokens and 64
+decode steps 3.7x slower in bfloat16), so a choice made on decode rows alone could pick a dtype that
+makes every prompt, menu score and training step several times slower. It
 measures on one thread: the ratio is a property of the core, and two threads on a loaded 2-core
 machine spin against other jobs (measured here: 1 thread 11.9 vs 5.1 ms, bfloat16 2.3x faster; 2
 threads beside two other jobs 34.1 vs 35.2 ms). The choice is cached per CPU (model name + bf16/AMX
 flags) and torch version in `$ADAFUSE_CACHE/dtype_choice.json`, so it is measured once per machine
-kind (about 1 s).
+kind (a few seconds: 8 s on that AVX2 EPYC, where bfloat16 is the slow one).
 """
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ from runtime.packed_linear import PackedLinear, native_bf16, packing_available
 
 BF16_MARGIN = 0.85           # bfloat16 is chosen only at <= 0.85 x the float32 time
 DEFAULT_SHAPE = (896, 4864)  # (in, out) features of the measured linear: Qwen2.5-0.5B's MLP up-projection
+# one evaluated example's linear calls, as (rows, calls): 64 decode steps, half of them as a batch of 8,
+# and a 512-token prompt prefilled as two 256-row calls
+EXAMPLE_WORKLOAD = ((1, 32), (8, 32), (256, 2))
 
 
 @dataclass
@@ -44,7 +52,7 @@ class DtypeChoice:
 
     def describe(self) -> str:
         times = ", ".join(f"{k} {v:.2f} ms" for k, v in self.ms.items())
-        return f"{self.dtype} on {self.cpu} (one thread, packed linear {times})"
+        return f"{self.dtype} on {self.cpu} (one thread, one example's linear work: {times})"
 
 
 def cpu_name() -> str:
@@ -70,20 +78,21 @@ def _linear(dtype: torch.dtype, in_f: int, out_f: int) -> nn.Module:
 
 
 def measure_linears(dtypes: tuple[torch.dtype, ...], shape: tuple[int, int] = DEFAULT_SHAPE,
-                    rows: tuple[int, ...] = (1, 8), rounds: int = 7, calls: int = 5) -> dict[str, float]:
-    """Median ms of `calls` linear calls (summed over `rows`) per dtype; the dtypes take turns each round."""
+                    workload: tuple[tuple[int, int], ...] = EXAMPLE_WORKLOAD, rounds: int = 5) -> dict[str, float]:
+    """Median ms of one `workload` (each (rows, calls): `calls` linear calls on `rows` rows) per dtype,
+    over `rounds` rounds after a warm-up; the dtypes take turns each round."""
     layers = {d: _linear(d, *shape) for d in dtypes}
-    inputs = {(d, r): torch.randn(r, shape[0]).to(d) for d in dtypes for r in rows}
+    inputs = {(d, r): torch.randn(r, shape[0]).to(d) for d in dtypes for r, _ in workload}
     samples: dict[torch.dtype, list[float]] = {d: [] for d in dtypes}
     with torch.inference_mode():
         for round_index in range(rounds + 1):
             for d in dtypes:
                 t0 = time.perf_counter()
-                for r in rows:
+                for r, calls in workload:
                     for _ in range(calls):
                         layers[d](inputs[(d, r)])
                 if round_index:                      # round 0 warms up
-                    samples[d].append((time.perf_counter() - t0) * 1e3 / calls)
+                    samples[d].append((time.perf_counter() - t0) * 1e3)
     return {str(d).removeprefix("torch."): statistics.median(s) for d, s in samples.items()}
 
 
@@ -107,7 +116,8 @@ def _cache_file() -> Path:
     return cache_root() / "dtype_choice.json"
 
 
-MEASURE_VERSION = 2  # bumped when what `choose_dtype` measures changes (2: bfloat16 measured on every CPU)
+MEASURE_VERSION = 3  # bumped when what `choose_dtype` measures changes (2: bfloat16 measured on every CPU;
+                     # 3: one example's workload, its prompt included)
 
 
 def _key() -> str:

@@ -63,12 +63,35 @@ def test_measured_once_then_cached_per_cpu(cache, monkeypatch) -> None:
 def test_emulated_bfloat16_is_measured_unpacked(monkeypatch) -> None:
     monkeypatch.setattr(dtype_choice, "native_bf16", lambda: False)
     assert type(dtype_choice._linear(torch.bfloat16, 64, 128)) is torch.nn.Linear
-    ms = dtype_choice.measure_linears((torch.float32, torch.bfloat16), shape=(64, 128), rounds=2, calls=2)
+    ms = dtype_choice.measure_linears((torch.float32, torch.bfloat16), shape=(64, 128), workload=((1, 2),), rounds=2)
     assert set(ms) == {"float32", "bfloat16"} and min(ms.values()) > 0
 
 
+def test_the_measured_workload_is_an_example_with_its_prompt(monkeypatch) -> None:
+    """Decode rows alone would miss emulated bfloat16's cost on prompts (9x at 256 rows on an AVX2 EPYC):
+    every dtype runs every (rows, calls) of the workload, the prompt-sized rows included, each round."""
+    seen: dict[torch.dtype, list[int]] = {}
+
+    class Recording(torch.nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.dtype = dtype
+
+        def forward(self, x):
+            assert x.dtype == self.dtype
+            seen.setdefault(self.dtype, []).append(x.shape[0])
+            return x
+
+    monkeypatch.setattr(dtype_choice, "_linear", lambda d, i, o: Recording(d))
+    dtype_choice.measure_linears((torch.float32, torch.bfloat16), shape=(16, 32), rounds=2)
+    assert max(r for r, _ in dtype_choice.EXAMPLE_WORKLOAD) >= 256
+    for d in (torch.float32, torch.bfloat16):
+        want = [r for r, calls in dtype_choice.EXAMPLE_WORKLOAD for _ in range(calls)] * 3   # warm-up + 2 rounds
+        assert seen[d] == want
+
+
 def test_real_measurement_runs_and_unknown_dtype_is_one_line(cache) -> None:
-    ms = dtype_choice.measure_linears((torch.float32,), shape=(64, 128), rounds=2, calls=2)
+    ms = dtype_choice.measure_linears((torch.float32,), shape=(64, 128), workload=((1, 2), (8, 1)), rounds=2)
     assert set(ms) == {"float32"} and ms["float32"] > 0
     with pytest.raises(ConfigError, match="unknown dtype 'fp64'; use one of: auto, float32"):
         resolve_dtype("fp64")
