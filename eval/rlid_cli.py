@@ -183,7 +183,12 @@ def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
     return path
 
 
-def _evaluate_ensemble(cfg: RlidConfig):
+def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
+    """The ensemble on the held-out seeds, then each member alone on the same seeds: each in blocks of
+    `eval.batch` seeds written as they go and resumed after a kill (`eval.rlid_eval`), so a member alone
+    is batched as its own eval batches it and reports what that eval does. The dev choice is made once
+    and kept beside the episodes (`ensemble.dev.json`); the gate's consultations are recorded per block."""
+    from eval.rlid_eval import evaluate_in_blocks
     from rlid.evaluate import evaluate_policy
 
     e = cfg.ensemble
@@ -193,22 +198,50 @@ def _evaluate_ensemble(cfg: RlidConfig):
     if len(adapters) != len(e["members"]):
         raise ConfigError(f"{cfg.source}: ensemble.adapters needs one entry (a folder or null) per member")
     models = [_decision_model(cfg, _member(cfg, name, _ensemble_adapter(cfg, a))[0]) for name, a in zip(e["members"], adapters)]
-    setting, dev = e, None
-    if e.get("dev"):
-        setting, dev = _choose_on_dev(cfg, models)
-    if setting.get("alone") is not None:                   # dev chose one member alone
-        policy, ens = models[setting["alone"]], None
+    setting, dev = _dev_choice(cfg, models, episodes.with_name("ensemble.dev.json")) if e.get("dev") else (e, None)
+    chosen = {k: v for k, v in setting.items() if k in SETTING_KEYS + ("alone",)}
+    if chosen.get("alone") is not None:                    # dev chose one member alone
+        policy, ens = models[chosen["alone"]], None
     else:
         policy = ens = _fused(models, setting)
-    result = evaluate_policy(policy, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
-    result.extra.update(consult_rate=ens.counts.consult_rate if ens else 0.0, consulted=ens.counts.consulted if ens else 0,
-                        members=e["members"], setting={k: v for k, v in setting.items() if k in SETTING_KEYS + ("alone",)})
-    if dev is not None:
-        result.extra["dev"] = dev
-    for m, model in enumerate(models):                    # each member alone, same seeds
-        alone = evaluate_policy(model, cfg.make_env(), cfg.eval_seeds, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
-        result.extra[f"alone:{_member_label(cfg, m)}"] = alone.successes
-    return result
+
+    def rollout(block: list[int]):
+        before = ens.counts.consulted if ens else 0
+        result = evaluate_policy(policy, cfg.make_env(), block, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+        result.extra["consulted"] = (ens.counts.consulted - before) if ens else 0
+        return result
+
+    labels = [_member_label(cfg, m) for m in range(len(models))]
+    source = f"ensemble of {', '.join(labels)}: {json.dumps(chosen, sort_keys=True)}"
+    summary = evaluate_in_blocks(rollout, cfg.make_env(), list(cfg.eval_seeds), episodes, source=source,
+                                 batch=cfg.eval_batch, label="ensemble", block_fields=("consulted",))
+    consulted = round(summary.pop("consulted"))
+    summary.update(consulted=consulted, consult_rate=consulted / summary["decisions"] if summary["decisions"] else 0.0,
+                   members=e["members"], setting=chosen, **({"dev": dev} if dev is not None else {}))
+    for m, (model, label) in enumerate(zip(models, labels)):   # each member alone, same seeds, same blocks
+        def alone(block: list[int], model=model):
+            return evaluate_policy(model, cfg.make_env(), block, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
+        member = evaluate_in_blocks(alone, cfg.make_env(), list(cfg.eval_seeds),
+                                    episodes.with_name(f"ensemble.alone{m}.episodes.jsonl"), source=label,
+                                    batch=cfg.eval_batch, label=f"ensemble, {label} alone")
+        summary[f"alone:{label}"] = member["per_seed"]
+    return summary
+
+
+def _dev_choice(cfg: RlidConfig, models, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`_choose_on_dev`, made once: its choice is written to `path` and read back on a resume (a
+    different dev setting in the config is refused in one line: rerun with --force)."""
+    from runtime.files import write_json_atomic
+
+    asked = {"members": cfg.ensemble["members"], "adapters": cfg.ensemble.get("adapters"), "dev": cfg.ensemble["dev"]}
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("asked") != json.loads(json.dumps(asked)):
+            raise ConfigError(f"{path} holds a dev choice for another ensemble setting; rerun with --force")
+        return saved["setting"], saved["dev"]
+    setting, dev = _choose_on_dev(cfg, models)
+    write_json_atomic(path, {"asked": asked, "setting": setting, "dev": dev})
+    return setting, dev
 
 
 def _member_label(cfg: RlidConfig, m: int) -> str:
@@ -279,24 +312,10 @@ def _blocked_summary(cfg: RlidConfig, which: str, episodes: Path) -> dict[str, A
                               batch=cfg.eval_batch, label=which)
 
 
-def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
-    """The ensemble's summary (one go: dev choice, then the members alone), its episodes written at the end."""
-    from eval.rlid_eval import episode_record
-    from rlid.evaluate import live_moves
-    from runtime.files import write_text_atomic
-
-    result = _evaluate_ensemble(cfg)
-    if result is None:
-        return None
-    result.extra.update(live_moves(cfg.make_env(), result.episodes) or {})  # replayed after the timed rollouts
-    write_text_atomic(episodes, "".join(json.dumps(episode_record(e)) + "\n" for e in result.episodes))
-    return {**result.summary(), "per_seed": result.successes}
-
-
 def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
     """Each wanted policy on the held-out seeds, skipping those with a summary (`--force` redoes them).
     Single-model policies run in blocks of `eval.batch` seeds, written as they go and resumed after a
-    kill (`eval.rlid_eval`); the ensemble (dev choice, members alone) runs in one go."""
+    kill (`eval.rlid_eval`); the ensemble and each of its members alone too (its dev choice made once)."""
     from eval.rlid_report import print_table
     from runtime.files import write_json_atomic
 
@@ -310,8 +329,9 @@ def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
         path, episodes = out / f"{which}.json", out / f"{which}.episodes.jsonl"
         if path.exists() and not args.force:
             continue
-        if args.force:
-            episodes.unlink(missing_ok=True)
+        if args.force:                                 # its episodes (the ensemble's: also dev choice, members alone)
+            for old in [episodes, *out.glob(f"{which}.dev.json"), *out.glob(f"{which}.alone*.episodes.jsonl")]:
+                old.unlink(missing_ok=True)
         summary = _ensemble_summary(cfg, episodes) if which == "ensemble" else _blocked_summary(cfg, which, episodes)
         if summary is None:
             print(f"{which}: nothing to evaluate yet (not trained / not configured)")

@@ -55,11 +55,13 @@ def summarize_episodes(records: Sequence[dict]) -> dict:
 
 def evaluate_in_blocks(rollout: Callable[[list[int]], EvalResult], make_env: Callable[[], Environment],
                        seeds: Sequence[int], path: Path, *, source: str, batch: int, label: str,
-                       log: Callable[[str], None] = print) -> dict:
+                       block_fields: Sequence[str] = (), log: Callable[[str], None] = print) -> dict:
     """Roll out the `seeds` not yet recorded in `path` (blocks of `batch` seeds, `rollout(block)` each),
     appending one record per episode as each block ends; return `summarize_episodes` over all of them.
     `rollout` is only called when seeds are left. `source` names the policy evaluated (its model or
-    adapter folder); records of another source are refused in one line (a resume never mixes two)."""
+    adapter folder); records of another source are refused in one line (a resume never mixes two).
+    `block_fields`: counts `rollout` puts in its result's `extra` (e.g. the ensemble's consultations),
+    each spread evenly over its block's records like the wall time, and summed into the summary."""
     wanted = set(seeds)
     saved = read_predictions(path, required=EPISODE_KEYS)
     other = next((r["source"] for r in saved if r["source"] != source), None)
@@ -78,7 +80,8 @@ def evaluate_in_blocks(rollout: Callable[[list[int]], EvalResult], make_env: Cal
                 for ep in result.episodes:
                     counts = live_counts(env, ep)
                     rec = {"id": ep.seed, "source": source, **episode_record(ep), "wall_s": result.wall_s / len(block),
-                           "live": asdict(counts) if counts is not None else None}
+                           "live": asdict(counts) if counts is not None else None,
+                           **{k: result.extra[k] / len(block) for k in block_fields}}
                     append_line(fd, json.dumps(rec) + "\n", path)
                     done[ep.seed] = rec
                 solved = sum(1 for r in done.values() if r["success"])
@@ -86,4 +89,5 @@ def evaluate_in_blocks(rollout: Callable[[list[int]], EvalResult], make_env: Cal
                     f"{time.perf_counter() - start:.0f} s")
         finally:
             os.close(fd)
-    return summarize_episodes([done[s] for s in seeds])
+    records = [done[s] for s in seeds]
+    return {**summarize_episodes(records), **{k: sum(r[k] for r in records) for k in block_fields}}

@@ -271,6 +271,8 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     spread = device == "auto"                      # device_map="auto": split over accelerators, then CPU
     device = ("cuda" if torch.cuda.is_available() else "cpu") if spread else device
     torch_dtype = resolve_dtype(dtype, device)
+    if torch_dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        note_emulated_bf16()
     if check_memory:
         registry.check_memory([name_or_path], str(torch_dtype).replace("torch.", ""))
     tok = AutoTokenizer.from_pretrained(str(where))
@@ -294,6 +296,26 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
 
         use_gqa_sdpa(model)
     return Member(model, tok, name=display, use_chat_template=use_chat_template)
+
+
+_NOTED: set[str] = set()
+
+
+def note_emulated_bf16() -> bool:
+    """Say once per process, on stderr, when bfloat16 runs on a CPU that emulates it (no AVX512-BF16 / AMX):
+    there prompts, menu scores and training steps run several times slower than in float32
+    (`benchmarks/dtype_rows.py`: 9x at 256 rows on an AVX2 EPYC). True when it said so."""
+    import sys
+
+    from runtime.packed_linear import native_bf16
+
+    if native_bf16() or "bf16" in _NOTED:
+        return False
+    _NOTED.add("bf16")
+    print("note: bfloat16 is emulated on this CPU (no AVX512-BF16 / AMX): prompts and training steps run "
+          "several times slower than in float32 here; dtype auto picks the fast one (adafuse models dtype)",
+          file=sys.stderr, flush=True)
+    return True
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:

@@ -95,3 +95,16 @@ def test_real_measurement_runs_and_unknown_dtype_is_one_line(cache) -> None:
     assert set(ms) == {"float32"} and ms["float32"] > 0
     with pytest.raises(ConfigError, match="unknown dtype 'fp64'; use one of: auto, float32"):
         resolve_dtype("fp64")
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_emulated_bfloat16_is_noted_once(monkeypatch, capsys, native) -> None:
+    from runtime import member, packed_linear
+
+    monkeypatch.setattr(member, "_NOTED", set())
+    monkeypatch.setattr(packed_linear, "native_bf16", lambda: native)
+    assert member.note_emulated_bf16() is (not native)
+    assert member.note_emulated_bf16() is False                           # once per process
+    err = capsys.readouterr().err
+    assert (err.count("bfloat16 is emulated on this CPU") == 1) is (not native)
+    assert not native or err == ""

@@ -48,7 +48,8 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     assert dec["live_decisions"] == 4 and dec["live_moves"] == pytest.approx(dec["success"])  # ARC-1D: one move
     assert dec["win_decisions"] == 4 and dec["wins_taken"] == pytest.approx(dec["success"])   # ... with the answer on it
     ens = json.loads((out / "eval" / "ensemble.json").read_text())
-    assert ens["consult_rate"] == 1.0                               # threshold 1.0: always consults
+    assert ens["consult_rate"] == 1.0 and ens["consulted"] == ens["decisions"]  # threshold 1.0: always consults
+    assert ens[f"alone:member 0 ({model_dir} + decision)"] == dec["per_seed"]   # batched as its own eval
     assert main(["rlid", "eval", config, "--policies", "untrained,decision", "--seeds", "2000:3"]) == 0
     again = json.loads((out / "eval_2000_n3" / "decision.json").read_text())      # a replication set, its own folder
     assert again["seeds"] == [2000, 2003] and again["episodes"] == 3
@@ -130,6 +131,48 @@ def test_ensemble_chosen_on_dev_seeds(tmp_path, model_dir):
     assert ens["setting"] == {"alone": 0} and ens["consulted"] == 0
     # both copies are reported alone (one model listed twice must not overwrite its first record)
     assert [k for k in ens if k.startswith("alone:")] == [f"alone:member 0 ({model_dir})", f"alone:member 1 ({model_dir})"]
+
+
+def test_ensemble_eval_writes_as_it_goes_and_resumes(tmp_path, model_dir, capsys, monkeypatch):
+    """The ensemble and each member alone run in blocks of eval.batch seeds, written as they go; after a
+    kill (a torn line, no summary) a rerun rolls out only what is missing, reuses the dev choice, and
+    reports what the uninterrupted run did (wall time aside)."""
+    from eval import rlid_cli
+
+    ensemble = {"members": [model_dir, model_dir], "threshold": 0.5,
+                "dev": {"seeds": {"start": 5000, "count": 2}, "candidates": [{"lead": 1, "threshold": 1.0}]}}
+    config, out = write_config(tmp_path, model_dir, ensemble=ensemble, eval={"seeds": {"start": 1000, "count": 4}, "batch": 2})
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 0
+    assert "ensemble: 2 / 4 seeds" in capsys.readouterr().out             # block by block
+    folder = out / "eval"
+    first = json.loads((folder / "ensemble.json").read_text())
+    files = sorted(p.name for p in folder.glob("ensemble.*"))
+    assert files == ["ensemble.alone0.episodes.jsonl", "ensemble.alone1.episodes.jsonl", "ensemble.dev.json",
+                     "ensemble.episodes.jsonl", "ensemble.json"]
+    lines = (folder / "ensemble.episodes.jsonl").read_text().splitlines(keepends=True)
+    assert [json.loads(line)["id"] for line in lines] == [1000, 1001, 1002, 1003]
+    (folder / "ensemble.episodes.jsonl").write_text("".join(lines[:2]) + lines[2][:9])
+    (folder / "ensemble.alone1.episodes.jsonl").unlink()
+    (folder / "ensemble.json").unlink()
+
+    def again(*a, **k):
+        raise AssertionError("the dev choice is made once")
+    monkeypatch.setattr(rlid_cli, "_choose_on_dev", again)
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 0
+    redone = json.loads((folder / "ensemble.json").read_text())
+    assert (folder / "ensemble.episodes.jsonl").read_text().splitlines(keepends=True)[:2] == lines[:2]
+    assert {k for k in first if redone[k] != first[k]} <= {"wall_s", "decisions_per_s"}
+    # another dev setting in the config is refused in one line, not mixed with the kept choice
+    config, _ = write_config(tmp_path, model_dir, ensemble={**ensemble, "dev": {**ensemble["dev"], "candidates": []}},
+                             eval={"seeds": {"start": 1000, "count": 4}, "batch": 2})
+    (folder / "ensemble.json").unlink()
+    capsys.readouterr()
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
+    err = capsys.readouterr().err
+    assert "dev choice for another ensemble setting" in err and err.count("\n") == 1
+    monkeypatch.undo()
+    assert main(["rlid", "eval", config, "--policies", "ensemble", "--force"]) == 0   # --force starts over
+    assert json.loads((folder / "ensemble.dev.json").read_text())["asked"]["dev"]["candidates"] == []
 
 
 def test_pick_on_dev_takes_the_best_and_the_first_of_a_tie():
