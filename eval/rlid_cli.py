@@ -7,8 +7,9 @@
 
 Folders under `output_path`: `decision/` and `token/` (each trainer's log.jsonl, checkpoints/),
 `distill/` (examples.jsonl, log.jsonl, adapter/), `eval/` (<policy>.json summary and
-<policy>.episodes.jsonl per evaluated policy). Every verb resumes: training from its newest
-checkpoint, eval skips policies already evaluated (`--force` redoes them)."""
+<policy>.episodes.jsonl per evaluated policy; the ensemble also ensemble.alone<m>.episodes.jsonl per
+member alone and ensemble.dev.json, its dev choice). Every verb resumes: training from its newest
+checkpoint, eval skips policies already evaluated and finishes a killed one's seeds (`--force` redoes them)."""
 from __future__ import annotations
 
 import argparse
