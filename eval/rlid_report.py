@@ -16,10 +16,10 @@ ORDER = ("untrained", "untrained-token", "decision", "token", "distill", "ensemb
 
 
 def load_results(folder: Path, eval_dir: str = "eval") -> dict[str, dict]:
-    """Each evaluated policy's summary (`<policy>.json` with its "policy"; other files there, e.g. the
-    ensemble's kept dev choice, are not policies), in the report's order."""
+    """Each evaluated policy's summary (`<policy>.json`, a summary of its episodes; other files there,
+    e.g. the ensemble's kept dev choice, are not policies), in the report's order."""
     found = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted((folder / eval_dir).glob("*.json"))}
-    found = {k: v for k, v in found.items() if isinstance(v, dict) and "policy" in v}
+    found = {k: v for k, v in found.items() if isinstance(v, dict) and "episodes" in v and "per_seed" in v}
     return {k: found[k] for k in sorted(found, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))}
 
 
