@@ -198,7 +198,10 @@ def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
     adapters = list(e.get("adapters") or [None] * len(e["members"]))
     if len(adapters) != len(e["members"]):
         raise ConfigError(f"{cfg.source}: ensemble.adapters needs one entry (a folder or null) per member")
-    models = [_decision_model(cfg, _member(cfg, name, _ensemble_adapter(cfg, a))[0]) for name, a in zip(e["members"], adapters)]
+    resolved = [_ensemble_adapter(cfg, a) for a in adapters]
+    models = [_decision_model(cfg, _member(cfg, name, a)[0]) for name, a in zip(e["members"], resolved)]
+    # what the records hold: the adapters as loaded (a newer checkpoint of "decision" is another policy)
+    sources = [f"{name}" + (f" + {a}" if a else "") for name, a in zip(e["members"], resolved)]
     setting, dev = _dev_choice(cfg, models, episodes.with_name("ensemble.dev.json")) if e.get("dev") else (e, None)
     chosen = {k: v for k, v in setting.items() if k in SETTING_KEYS + ("alone",)}
     if chosen.get("alone") is not None:                    # dev chose one member alone
@@ -213,7 +216,7 @@ def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
         return result
 
     labels = [_member_label(cfg, m) for m in range(len(models))]
-    source = f"ensemble of {', '.join(labels)}: {json.dumps(chosen, sort_keys=True)}"
+    source = f"ensemble of {', '.join(sources)}: {json.dumps(chosen, sort_keys=True)}"
     summary = evaluate_in_blocks(rollout, cfg.make_env(), list(cfg.eval_seeds), episodes, source=source,
                                  batch=cfg.eval_batch, label="ensemble", block_fields=("consulted",))
     consulted = round(summary.pop("consulted"))
@@ -223,7 +226,7 @@ def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
         def alone(block: list[int], model=model):
             return evaluate_policy(model, cfg.make_env(), block, greedy=cfg.eval_greedy, memory_k=cfg.memory_k)
         member = evaluate_in_blocks(alone, cfg.make_env(), list(cfg.eval_seeds),
-                                    episodes.with_name(f"ensemble.alone{m}.episodes.jsonl"), source=label,
+                                    episodes.with_name(f"ensemble.alone{m}.episodes.jsonl"), source=sources[m],
                                     batch=cfg.eval_batch, label=f"ensemble, {label} alone")
         summary[f"alone:{label}"] = member["per_seed"]
     return summary

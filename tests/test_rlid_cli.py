@@ -76,6 +76,13 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     assert f"Distilled generating model: {kept}" in text
     assert "winning moves taken % (chance %)" in text and f"{100 * dec['wins_taken']:.1f} (" in text
     assert "moves kept solvable % (chance %)" in text and f"{100 * dec['live_moves']:.1f} (" in text
+    # the ensemble's records name the adapters as loaded: after more training its episodes are another policy's
+    assert main(["rlid", "train", config, "--plane", "decision", "--max_steps", "4", "--no_progress"]) == 0
+    (out / "eval" / "ensemble.json").unlink()
+    capsys.readouterr()
+    assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
+    err = capsys.readouterr().err
+    assert "holds episodes of ensemble of" in err and "rerun with --force" in err and err.count("\n") == 1
 
 
 def test_text_answer_trains_and_evaluates_end_to_end(tmp_path, model_dir, capsys):
