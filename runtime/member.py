@@ -298,7 +298,7 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     return Member(model, tok, name=display, use_chat_template=use_chat_template)
 
 
-_NOTED: set[str] = set()
+_NOTED_BF16 = False
 
 
 def note_emulated_bf16() -> bool:
@@ -309,9 +309,10 @@ def note_emulated_bf16() -> bool:
 
     from runtime.packed_linear import native_bf16
 
-    if native_bf16() or "bf16" in _NOTED:
+    global _NOTED_BF16
+    if _NOTED_BF16 or native_bf16():
         return False
-    _NOTED.add("bf16")
+    _NOTED_BF16 = True
     print("note: bfloat16 is emulated on this CPU (no AVX512-BF16 / AMX): prompts and training steps run "
           "several times slower than in float32 here; dtype auto picks the fast one (adafuse models dtype)",
           file=sys.stderr, flush=True)

@@ -101,7 +101,7 @@ def test_real_measurement_runs_and_unknown_dtype_is_one_line(cache) -> None:
 def test_emulated_bfloat16_is_noted_once(monkeypatch, capsys, native) -> None:
     from runtime import member, packed_linear
 
-    monkeypatch.setattr(member, "_NOTED", set())
+    monkeypatch.setattr(member, "_NOTED_BF16", False)
     monkeypatch.setattr(packed_linear, "native_bf16", lambda: native)
     assert member.note_emulated_bf16() is (not native)
     assert member.note_emulated_bf16() is False                           # once per process

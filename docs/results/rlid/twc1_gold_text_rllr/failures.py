@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from eval.rlid_config import load_rlid
 from rlid.envs import make_env
 from rlid.envs.twc import PUT_MOVE
 
@@ -56,7 +57,8 @@ def summary(env, name: str, paths: list[Path]) -> str:
 
 
 def main() -> None:
-    env = make_env("twc", num_locations=1, num_items_to_put_away=2, max_steps=12, compiled_memory=True)
+    cfg = load_rlid("configs/rlid_twc1_gold_text_rllr.yaml")
+    env = make_env(cfg.env_name, **cfg.env_options)           # the games as that config played them
     if sys.argv[1:]:
         for arg in sys.argv[1:]:
             print(summary(env, arg, [Path(arg)]))
