@@ -14,7 +14,15 @@
   answer (ties: the earliest).
 - `rerank_pick` (sample-rerank read off its records): the candidate with the highest mean of the scorers'
   normalised log-probabilities of it (ties: the earliest).
+- `prove_vote` (programs as verifiers, after Toh et al. 2024, "Not All Votes Count!"): the majority
+  among the text answers that some program answer confirms (the same answer); with none confirmed, the
+  majority over every answer.
 Confidences need each sample's summed log-probability and token count (`confidences`).
+
+Early stop (`vote_decided`, `agreeing`): answers drawn one batch at a time can stop once the vote is
+decided, the rest unable to change the winner (majority: its lead over every other answer, ties
+included, exceeds the answers still to come; weighted: each answer to come adds at most 1), or once
+k answers agree (not lossless: a cheaper rule that the vote with every answer may disagree with).
 """
 from __future__ import annotations
 
@@ -23,7 +31,8 @@ import re
 from typing import Callable, Mapping, Sequence
 
 CONFIDENCE_VOTES = ("weighted", "confident")   # the votes that read log-probabilities
-VOTES = ("majority", "consensus", *CONFIDENCE_VOTES)
+VOTES = ("majority", "consensus", *CONFIDENCE_VOTES, "prove")
+DECIDABLE_VOTES = ("majority", "weighted")      # the votes `vote_decided` can call early
 
 
 def normalise_answer(answer: str | None) -> str | None:
@@ -122,13 +131,56 @@ def rerank_pick(cross: Sequence[Mapping[str, float]], scorers: Sequence[str]) ->
     return max(range(len(cross)), key=lambda i: (means[i], -i))
 
 
+def prove_vote(answers: Sequence[str | None], programs: Sequence[bool],
+               logprobs: Sequence[float] | None = None) -> int:
+    """Index of the chosen sample: `majority_vote` among the text answers (`programs[i]` False) whose
+    answer some program answer (`programs[i]` True) equals, after `normalise_answer`; with none
+    confirmed, `majority_vote` over every answer (ties as there)."""
+    confirmed = {normalise_answer(a) for a, p in zip(answers, programs) if p} - {None}
+    kept = [a if not p and normalise_answer(a) in confirmed else None for a, p in zip(answers, programs)]
+    return majority_vote(kept if any(k is not None for k in kept) else answers, logprobs)
+
+
+def vote_decided(vote: str, answers: Sequence[str | None], to_come: int,
+                 mean_logprobs: Sequence[float] | None = None) -> bool:
+    """Whether `vote` over `answers` plus any `to_come` more answers must pick the answer it picks now
+    (majority ties as `view_pick` breaks them: to the earliest answer; weighted: each answer to come
+    weighs at most 1). With no answer yet, only when none is to come."""
+    if vote not in DECIDABLE_VOTES:
+        raise ValueError(f"early stop on a decided vote needs one of {', '.join(DECIDABLE_VOTES)}, got {vote!r}")
+    weights = [1.0] * len(answers) if vote == "majority" else [math.exp(float(c)) for c in mean_logprobs or []]
+    first, mass = _tally(answers, weights)
+    if not mass:
+        return to_come == 0
+    leader = min(mass, key=lambda k: (-mass[k], first[k])) if vote == "majority" else \
+        max(mass, key=lambda k: (mass[k], -first[k]))
+    if mass[leader] <= to_come:  # (a new answer comes later, so it loses a tie: strictly below is safe)
+        if not (vote == "majority" and mass[leader] == to_come):
+            return False
+    for other, m in mass.items():
+        if other != leader:
+            margin = mass[leader] - (m + to_come)
+            if margin < 0 or (margin == 0 and (vote != "majority" or first[other] < first[leader])):
+                return False
+    return True
+
+
+def agreeing(answers: Sequence[str | None]) -> int:
+    """How many answers the most frequent (normalised) answer has (0 with none)."""
+    _, count = _tally(answers, [1.0] * len(answers))
+    return int(max(count.values(), default=0))
+
+
 def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | None] | None = None,
-         num_tokens: Sequence[int] | None = None) -> int:
+         num_tokens: Sequence[int] | None = None, programs: Sequence[bool] | None = None) -> int:
     """The chosen sample under `vote` (see the module docstring): `majority_vote` (ties by summed
     `logprobs` when given), `consensus_pick` (a missing answer as ""), or the confidence rules
-    `weighted_vote` / `most_confident` (they need `logprobs` and `num_tokens`)."""
+    `weighted_vote` / `most_confident` (they need `logprobs` and `num_tokens`), or `prove_vote`
+    (`programs[i]`: whether sample i is a program's answer; none: no program, a plain majority)."""
     if vote == "majority":
         return majority_vote(answers, logprobs)
+    if vote == "prove":
+        return prove_vote(answers, programs or [False] * len(answers), logprobs)
     if vote == "consensus":
         return consensus_pick([a or "" for a in answers])
     if vote in CONFIDENCE_VOTES:
@@ -140,7 +192,7 @@ def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | No
 
 
 def view_pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | None],
-              num_tokens: Sequence[int]) -> int:
+              num_tokens: Sequence[int], programs: Sequence[bool] | None = None) -> int:
     """`view-vote`'s choice among the views' answers, the lead's first: `pick`, except that a majority's
-    ties go to the earliest answer (the lead), not to log-probabilities."""
-    return pick(vote, answers, logprobs if vote in CONFIDENCE_VOTES else None, num_tokens)
+    (and prove's) ties go to the earliest answer (the lead), not to log-probabilities."""
+    return pick(vote, answers, logprobs if vote in CONFIDENCE_VOTES else None, num_tokens, programs)

@@ -31,6 +31,7 @@ from runtime.files import read_text
 from runtime.views import member_spec, normalise_member, parse_view
 from eval.methods import known_methods
 from eval.schema import Field, validate
+from eval.data import SPLITS
 from eval.task import Task, get_task
 
 GENERATION = Field((dict,), fields={"max_new_tokens": Field((int,)), "temperature": Field((float,))})
@@ -41,7 +42,7 @@ TASK_ENTRY = {
     "offset": Field((int,)),   # skip the first `offset` rows of the split (then `limit` rows)
     "until": Field((list,), item=Field((str,))),
     "generation": GENERATION,
-    "split": Field((str,), choices=("test", "dev")),
+    "split": Field((str,), choices=SPLITS),
 }
 MEMBER_ENTRY = {"name": Field((str,), required=True), "device": Field((str,)), "view": Field((dict,))}
 RUN = {

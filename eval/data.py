@@ -7,7 +7,8 @@ exemplars, the test rows and the dev rows never overlap. Dev rows start at a fix
 (`DEV_START`) and are what `adafuse tune` chooses settings on; the test split stops before it:
 
 - gsm8k: test = test.jsonl; exemplars = the first rows of train.jsonl; dev = train.jsonl rows
-  from 1000 on (ids are train.jsonl row indices).
+  1000-2999; heldout = train.jsonl rows 3000-3399, a GSM8K-style test set that no run read before
+  it was declared (every test.jsonl row had been evaluated); ids are train.jsonl row indices.
 - nq_open: the first `fewshot_reserved` rows of dev.jsonl (default 8) are the exemplar pool and are
   never evaluated; test = rows [fewshot_reserved, 2000); dev = rows from 2000 on (ids are file row
   indices).
@@ -28,9 +29,11 @@ from runtime.errors import ConfigError
 from runtime.files import read_text
 
 Doc = dict[str, Any]
-SPLITS = ("test", "dev")
+SPLITS = ("test", "dev", "heldout")
 # first dev row of each dataset (a row index of gsm8k/train.jsonl, nq_open/dev.jsonl, wmt22/{pair}.src)
 DEV_START: dict[str, int] = {"gsm8k": 1000, "nq_open": 2000, "wmt22": 1000}
+# rows of a dataset kept out of its dev rows as a second test set: [start, end) (GSM8K's train rows)
+HELDOUT: dict[str, tuple[int, int]] = {"gsm8k": (3000, 3400)}
 DATA_HINT = "pass --data_dir DIR (or set ADAFUSE_DATA) to the folder holding gsm8k/, nq_open/ and wmt22/"
 
 
@@ -124,15 +127,18 @@ def gsm8k_cot(answer: str) -> str:
     return " ".join(lines + [f"The answer is {gsm8k_gold(answer)}."])
 
 
-def _check_split(split: str) -> None:
+def _check_split(split: str, dataset: str | None = None) -> None:
     if split not in SPLITS:
         raise ConfigError(f"split {split!r} is invalid: one of {', '.join(SPLITS)}")
+    if split == "heldout" and dataset is not None and dataset not in HELDOUT:
+        raise ConfigError(f"{dataset} has no heldout split (only {', '.join(HELDOUT)}); use split test or dev")
 
 
 def check_range(dataset: str, split: str, limit: int | None, num_fewshot: int, fewshot_reserved: int | None) -> None:
     """Raise a one-line `ConfigError` (without a file prefix) if the exemplars, or the first `limit`
-    test rows, would reach the dev rows of `dataset`; dev ranges end at the file's end, so any limit is fine."""
-    _check_split(split)
+    test rows, would reach the dev rows of `dataset`; dev ranges end where the file (or the heldout rows)
+    begin, so any limit is fine."""
+    _check_split(split, dataset)
     start = DEV_START.get(dataset)
     if start is None:
         return
@@ -160,9 +166,11 @@ def load_gsm8k(data_dir: Path, num_fewshot: int, fewshot_reserved: int | None = 
     check_range("gsm8k", split, None, num_fewshot, fewshot_reserved)
     test_path, train_path = data_dir / "gsm8k" / "test.jsonl", data_dir / "gsm8k" / "train.jsonl"
     test = _read_jsonl(test_path) if split == "test" else []
-    train = _read_jsonl(train_path) if num_fewshot or split == "dev" else []
+    train = _read_jsonl(train_path) if num_fewshot or split != "test" else []
     rows, path = (test, test_path) if split == "test" else (train, train_path)
-    docs = _docs(path, rows, _gsm8k_doc)[(DEV_START["gsm8k"] if split == "dev" else 0):]
+    held = HELDOUT["gsm8k"]
+    first, end = {"test": (0, None), "dev": (DEV_START["gsm8k"], held[0]), "heldout": held}[split]
+    docs = _docs(path, rows, _gsm8k_doc)[first:end]
     shots = _docs(train_path, train[: max(num_fewshot, fewshot_reserved or 0)], _gsm8k_doc) if num_fewshot else []
     return docs, shots
 

@@ -3,7 +3,8 @@
 
 - `single`: one member from the process-wide loader (`runtime.loader.load`: loaded once per
   (name, dtype)); with `options: {drafter: SPEC, ...}` it becomes speculative through
-  `specdec.SpeculativeGenerator` (SPEC as `specdec.drafters.make_drafter` reads it).
+  `specdec.SpeculativeGenerator` (SPEC as `specdec.drafters.make_drafter` reads it); a program view's
+  outputs are run in the sandbox (`runtime.program_answers.ProgramGenerator`).
 - every other name (`adafuse`, `token-union`, `word-fixed`, `sample-rerank`) goes to
   `adafuse.Ensemble(members, method=method, **options)` (e.g. `options: {threshold: 0.7,
   drafters: [lookup, lookup, null]}` for speculative members), which loads through the same loader.
@@ -23,6 +24,8 @@ from runtime.errors import ConfigError
 from runtime.loader import default_loader, load
 from runtime.member import resolve_dtype
 from runtime.outputs import GenerationOutput
+from runtime.program_answers import ProgramGenerator
+from runtime.views import is_program
 from specdec.config import DEFAULT_SHAPE
 from specdec.drafters import default_shape, make_drafter, parse_drafter_spec
 from specdec.engine import SPECULATIVE_OPTIONS, SpeculativeGenerator
@@ -67,9 +70,8 @@ def _build_single(members: list[str], *, dtype: str = "float32", drafter: str | 
     if device == "cpu":  # target + drafter in RAM together, before either loads
         default_loader().check_fit(model_specs(members, [drafter]), dtype)
     target = load(members[0], dtype=dtype, device=device)
-    if drafter is None:
-        return target
-    return _speculative(target, drafter, dtype, options, device)
+    generator = target if drafter is None else _speculative(target, drafter, dtype, options, device)
+    return ProgramGenerator(generator) if is_program(target) else generator  # a program view: its programs run
 
 
 

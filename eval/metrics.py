@@ -54,6 +54,42 @@ def gsm8k_final_number(output: str) -> str:
     return normalize_number(found[-1]) if found else ""
 
 
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_LATEX_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_FRACTION = re.compile(r"^\s*(-)?\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+
+
+def boxed_contents(output: str) -> list[str]:
+    """The contents of every `\\boxed{...}` in `output`, braces balanced, in order (an unclosed box
+    runs to the end of the text)."""
+    out = []
+    for match in _BOXED.finditer(output):
+        depth, i = 1, match.end()
+        while i < len(output) and depth:
+            depth += {"{": 1, "}": -1}.get(output[i], 0)
+            i += 1
+        out.append(output[match.end(): i - 1 if depth == 0 else i])
+    return out
+
+
+def boxed_number(output: str) -> str:
+    """The number in the last `\\boxed{...}` of the output (Qwen's and DeepSeek's math prompts: "put
+    your final answer within \\boxed{}"; LaTeX wrappers like \\text{...}, \\$ and thousands
+    separators read through), normalised with `normalize_number`; without a box holding a number,
+    `gsm8k_final_number` (the number after "The answer is", else the last number); "" if none."""
+    for box in reversed(boxed_contents(output)):
+        text = _LATEX_WRAPPERS.sub(r" \1 ", box).replace("\\$", "$").replace("\\%", "%").replace("{,}", ",")
+        text = text.replace("\\!", "").replace("\\,", ",")
+        fraction = _FRACTION.match(text)
+        if fraction and int(fraction.group(3)):
+            value = Decimal(int(fraction.group(2))) / Decimal(int(fraction.group(3)))
+            return normalize_number(str(-value if fraction.group(1) else value))
+        found = _numbers(text)
+        if found:
+            return normalize_number(found[0])
+    return gsm8k_final_number(output)
+
+
 def first_line(output: str) -> str:
     """The first non-empty line, stripped."""
     for line in output.strip().splitlines():
@@ -64,6 +100,7 @@ def first_line(output: str) -> str:
 
 FILTERS: dict[str, Callable[[str], str]] = {
     "gsm8k_final_number": gsm8k_final_number,
+    "boxed_number": boxed_number,
     "first_line": first_line,
     "strip": str.strip,
     "none": lambda s: s,

@@ -25,6 +25,7 @@ from eval.vote_members import sample_records, write_member_runs
 from runtime.files import append_line, write_json_atomic, write_text_atomic
 from runtime.heap import HeapTrimmer
 from runtime.outputs import GenerationOutput
+from runtime.program_answers import answer_text
 from runtime.views import exemplars_needed
 from eval.config import EvalConfig, RunSpec, TaskSpec
 from eval.data import Doc, resolve_data_dir
@@ -257,7 +258,7 @@ PROCESS = f"{os.getpid()}-{int(time.time())}"
 
 
 def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -> dict[str, Any]:
-    extracted = task.extract(out.text)
+    extracted = task.extract(answer_text(out.text, out.program))  # a program: what it printed
     scores, stats = task.score(extracted, doc)
     cost = out.cost.to_dict()
     return {
@@ -267,6 +268,7 @@ def _record(task, doc: Doc, prompt: str, out: GenerationOutput, wall_s: float) -
         "wall_s": round(wall_s, 6),  # measured around generate(), batch time split evenly
         "proc": PROCESS,
         **({"gen_stats": out.stats} if out.stats else {}),
+        **({"program": out.program} if out.program is not None else {}),  # the sandbox's verdict on it
         # answer-level methods: every written answer, scored (`eval.vote_members`)
         **({"samples": sample_records(task, doc, out.trace.samples)} if hasattr(out.trace, "samples") else {}),
     }

@@ -20,6 +20,7 @@ from typing import Any
 
 from eval.config import RunSpec, TaskSpec
 from runtime.files import write_json_atomic
+from runtime.program_answers import answer_text
 
 MEMBERS_DIR = "members"
 
@@ -29,11 +30,13 @@ def sample_records(task, doc, samples: list[Any]) -> list[dict[str, Any]]:
     wrote it, its text, and its scores as the task scores an output."""
     out = []
     for s in samples:
-        extracted = task.extract(s.text)
+        program = getattr(s, "program", None)
+        extracted = task.extract(answer_text(s.text, program))  # a program's answer: what it printed
         scores, stats = task.score(extracted, doc)
         out.append({"by": s.by, "output": s.text, "extracted": extracted, "scores": scores, "stats": stats,
                     "num_tokens": s.num_tokens, "finish_reason": s.finish, "logprob": s.logprob,
-                    **({"cross": s.cross} if s.cross is not None else {})})
+                    **({"cross": s.cross} if s.cross is not None else {}),
+                    **({"program": program} if program is not None else {})})
     return out
 
 
@@ -47,7 +50,8 @@ def member_records(records: list[dict[str, Any]], by: str, primary: str) -> list
         out.append({"id": r["id"], "by": by, "prompt": r.get("prompt"), "output": s["output"], "extracted": s["extracted"],
                     "gold": r["gold"], "score": s["scores"][primary], "scores": s["scores"], "stats": s["stats"],
                     "num_tokens": s["num_tokens"], "finish_reason": s["finish_reason"], "logprob": s.get("logprob"),
-                    **({"cross": s["cross"]} if "cross" in s else {}), "cost": {}, "wall_s": 0.0,
+                    **({"cross": s["cross"]} if "cross" in s else {}),
+                    **({"program": s["program"]} if "program" in s else {}), "cost": {}, "wall_s": 0.0,
                     "proc": r.get("proc")})
     return out
 

@@ -34,6 +34,14 @@ class Cost:
         self.wall_time_s += other.wall_time_s
         return self
 
+    def share(self, n: int) -> "Cost":
+        """One of `n` equal shares of this cost (a batch's cost per row)."""
+        out = Cost(wall_time_s=self.wall_time_s / n)
+        for name in self.forward_passes:
+            out.forward_passes[name] = self.forward_passes[name] / n
+            out.tokens_processed[name] = self.tokens_processed[name] / n
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "forward_passes": dict(self.forward_passes),
@@ -45,7 +53,9 @@ class Cost:
 @dataclass
 class GenerationOutput:
     """One prompt's result: the generated text (stop string excluded), the number of new tokens of
-    the lead member, why it stopped ("eos" | "stop" | "length"), its cost and an optional trace."""
+    the lead member, why it stopped ("eos" | "stop" | "length"), its cost and an optional trace.
+    `program`: where the text is a program a program view wrote, the sandbox's result of running it
+    (`runtime.program_answers`: stdout, error, ...); its answer is then what it printed."""
 
     text: str
     num_tokens: int
@@ -53,6 +63,7 @@ class GenerationOutput:
     cost: Cost
     trace: Any = None
     stats: dict[str, Any] = field(default_factory=dict)
+    program: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +72,7 @@ class GenerationOutput:
             "finish_reason": self.finish_reason,
             "cost": self.cost.to_dict(),
             "stats": self.stats,
+            **({"program": self.program} if self.program is not None else {}),
         }
 
 
@@ -106,11 +118,6 @@ def batch_outputs(cost: Cost, texts: Sequence[str], num_tokens: Sequence[int], r
 def split_batch_cost(outs: list[GenerationOutput]) -> list[GenerationOutput]:
     """Spread the cost recorded on outs[0] (a whole batch's) evenly over the rows."""
     total = outs[0].cost
-    n = len(outs)
     for o in outs:
-        c = Cost(wall_time_s=total.wall_time_s / n)
-        for name in total.forward_passes:
-            c.forward_passes[name] = total.forward_passes[name] / n
-            c.tokens_processed[name] = total.tokens_processed[name] / n
-        o.cost = c
+        o.cost = total.share(len(outs))
     return outs

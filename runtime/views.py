@@ -14,11 +14,14 @@ Spelled as a member spec, a view is the model name with its recipe in brackets:
     qwen2.5-coder-1.5b[shots=seed7x4]                4 exemplars drawn from the pool with seed 7
     qwen2.5-coder-1.5b[shots=0|3|5,system="Be brief."]   exemplars 0, 3, 5 and a system prompt
     qwen2.5-coder-1.5b[chat=false;system=Think.]     `;` separates too (inside lm-eval's --model_args)
+    qwen2.5-coder-1.5b[kind=program,system="Write a Python program ..."]   a program view
 
 or, in a YAML config, `{name: qwen2.5-coder-1.5b, view: {shots: "2:4", chat: false}}`; the keys are
 `ViewSpec`'s fields. `shots`: "a:b" (a slice of the pool), k (the first k), "i|j|k" or a list (those
 exemplars), "seedSxK" or {seed: S, k: K} (K drawn from the pool). `system` replaces the task's
 description (the system turn under a chat template, the text above the exemplars in raw text).
+`kind: program`: the view's output is a Python program; its answer is what the program prints, run
+by `runtime.sandbox.run_program` (answer-level methods and single runs do this; `is_program`).
 Exemplar choices need prompts that carry their pool (`runtime.prompts.FewShotPrompt`, what the eval
 harness builds); a plain string prompt takes only `chat` and `system`.
 """
@@ -33,7 +36,8 @@ from typing import Any
 
 from runtime.errors import ConfigError
 
-KEYS = ("shots", "chat", "system", "adapter")
+KEYS = ("shots", "chat", "system", "adapter", "kind")
+KINDS = ("text", "program")  # what a view's output is: an answer in text, or a program that prints it
 _SLICE = re.compile(r"^(\d*):(\d*)$")
 _SEED = re.compile(r"^seed(\d+)x(\d+)$")
 
@@ -46,6 +50,11 @@ class ViewSpec:
     chat: bool | None = None
     system: str | None = None
     adapter: str | None = None
+    kind: str | None = None      # "program": the output is a Python program whose printed output is the answer
+
+    @property
+    def is_program(self) -> bool:
+        return self.kind == "program"
 
     @property
     def is_default(self) -> bool:
@@ -62,7 +71,7 @@ class ViewSpec:
                 text = "true" if value else "false"
             else:
                 text = str(value)
-                if any(ch in text for ch in ',=[]"') or text != text.strip() or not text:
+                if any(ch in text for ch in ',;=[]"') or text != text.strip() or not text:
                     text = json.dumps(text, ensure_ascii=False)
             parts.append(f"{key}={text}")
         return ",".join(parts)
@@ -163,9 +172,13 @@ def parse_view(value: Any, where: str = "") -> ViewSpec:
     for key in ("system", "adapter"):
         if value.get(key) is not None and (not isinstance(value[key], str) or not value[key].strip()):
             raise ConfigError(f"{where}{key}={value[key]!r} is invalid: a non-empty string")
+    kind = value.get("kind")
+    if kind is not None and kind not in KINDS:
+        raise ConfigError(f"{where}kind={kind!r} is invalid: one of {', '.join(KINDS)} (program: the view writes a "
+                          f"Python program, run in the sandbox, whose printed output is its answer)")
     shots = value.get("shots")
     return ViewSpec(None if shots is None else _canonical_shots(shots, where), chat, value.get("system"),
-                    value.get("adapter"))
+                    value.get("adapter"), None if kind == "text" else kind)
 
 
 def _split_pairs(body: str, spec: str) -> dict[str, Any]:
@@ -254,6 +267,12 @@ def exemplars_needed(members: Any) -> int:
     """How many exemplars the pool must hold for the views among `members` (0: any)."""
     views = [split_member_spec(m)[1] for m in members]
     return max((v.pool_needed() for v in views if v is not None), default=0)
+
+
+def is_program(member: Any) -> bool:
+    """Whether a loaded member is a program view (its outputs are programs to run, `kind=program`)."""
+    view = getattr(member, "view", None)
+    return view is not None and view.is_program
 
 
 def model_of(spec: Any) -> Any:

@@ -139,3 +139,135 @@ def test_view_vote_records_each_views_log_probability_and_votes_by_confidence(me
         assert [s.text for s in trace.samples] == [s.text for s in plain.samples]
         conf = [s.logprob / s.num_tokens for s in trace.samples]
         assert trace.chosen == rule([s.answer for s in trace.samples], conf)
+
+
+# ---- votes over text and program answers, and early stop ---------------------------------------
+def test_prove_keeps_the_text_answers_a_program_confirms():
+    from adafuse.voting import prove_vote
+
+    # text: 5, 6, 6; program: 5 -> only "5" is confirmed, though "6" has more text votes
+    assert prove_vote(["5", "6", "6", "5"], [False, False, False, True]) == 0
+    # no program confirms any text answer: the majority over every answer
+    assert prove_vote(["5", "6", "6", "7"], [False, False, False, True]) == 1
+    # two confirmed answers: the majority among the confirmed text answers
+    assert prove_vote(["5", "6", "6", "5", "6"], [False, False, False, True, True]) == 1
+    assert pick("prove", ["1", "2"], programs=[False, True]) == 0  # nothing confirmed: majority, ties to the first
+
+
+def _majority_winner(answers):
+    chosen = majority_vote(answers)
+    return normalise_answer(answers[chosen]) if answers else None
+
+
+def test_decided_majority_is_exactly_when_no_answers_to_come_can_change_the_winner():
+    """Exact enumeration over a small alphabet: `vote_decided` is True iff every completion by
+    `to_come` more answers (None included) keeps the majority's winner."""
+    import itertools
+
+    from adafuse.voting import vote_decided
+
+    alphabet = ["a", "b", "c", None]
+    for n in range(0, 5):
+        for drawn in itertools.product(alphabet, repeat=n):
+            for to_come in range(0, 4):
+                now = _majority_winner(list(drawn)) if any(drawn) else None
+                finals = {_majority_winner(list(drawn + rest)) if any(drawn + rest) else None
+                          for rest in itertools.product(alphabet + ["d"], repeat=to_come)}
+                assert vote_decided("majority", list(drawn), to_come) == (finals == {now}), (drawn, to_come)
+
+
+def test_decided_weighted_vote_never_stops_where_answers_to_come_could_change_it():
+    import itertools
+    import math
+
+    from adafuse.voting import vote_decided
+
+    conf = [math.log(w) for w in (0.9, 0.3, 0.6, 0.2)]
+    for drawn in itertools.product(["a", "b", None], repeat=4):
+        for to_come in range(0, 3):
+            if not vote_decided("weighted", list(drawn), to_come, conf):
+                continue
+            now = normalise_answer(drawn[weighted_vote(list(drawn), conf)])
+            for rest in itertools.product(["a", "b", "c"], repeat=to_come):  # each answer to come at confidence 1
+                final = list(drawn) + list(rest)
+                assert normalise_answer(final[weighted_vote(final, conf + [0.0] * to_come)]) == now
+
+
+def test_view_vote_options_for_samples_and_early_stop_are_checked(member):
+    method = get_method("view-vote")
+    for bad, match in (({"samples": 0}, "samples=0 is invalid"), ({"early_stop": 1}, "early_stop=1 is invalid"),
+                       ({"early_stop": "decided", "vote": "prove"}, "needs vote majority or weighted"),
+                       ({"draw": [2]}, "draw needs early_stop"), ({"early_stop": 2, "draw": [3, 2]}, "draw=.* invalid")):
+        with pytest.raises(ConfigError, match=match):
+            method.parse_options(bad)
+    with pytest.raises(ConfigError, match="samples lists 2 counts for 3 members"):
+        run_method(method, [member] * 3, ["x"], max_new_tokens=2, samples=[1, 2])
+
+
+def test_answers_are_drawn_by_rounds_lead_first():
+    from adafuse.methods.answer_draws import AnswerSlot as S, answer_order, draw_batches
+
+    order = answer_order([2, 1, 3], lead=1)
+    assert order == [S(1, 0), S(0, 0), S(2, 0), S(0, 1), S(2, 1), S(2, 2)]
+    assert draw_batches(order, None) == [order[:3], order[3:5], order[5:]]
+    assert draw_batches(order, [2, 4]) == [order[:2], order[2:4], order[4:]]
+
+
+def _views(member):
+    return [member, make_view(member, parse_view({"system": "A."})), make_view(member, parse_view({"system": "B."}))]
+
+
+def test_early_stop_on_a_decided_vote_gives_the_full_votes_answer_with_fewer_answers(member, one_thread):
+    """Lossless: the answer of every prompt equals the vote over every answer; prompts whose vote was
+    decided early draw (and cost) less."""
+    first_char = lambda text: text[:1] or None  # noqa: E731 - coarse answers, so votes collide
+    prompts = ["Question: 1 plus 5?", "Natalia sold", "The quick brown", "Translate German", "In the beginning"]
+    kw = dict(max_new_tokens=5, seed=0, answer=first_char, samples=[3, 2, 2], sampling_temperature=1.3)
+    full = run_method(get_method("view-vote"), _views(member), prompts, **kw)
+    early = run_method(get_method("view-vote"), _views(member), prompts, early_stop="decided", **kw)
+    for f, e in zip(full, early):
+        assert len(f.trace.samples) == 7 and f.stats["samples"] == 7
+        drawn = len(e.trace.samples)
+        assert [s.text for s in e.trace.samples] == [s.text for s in f.trace.samples[:drawn]]  # the same draws
+        assert normalise_answer(e.trace.samples[e.trace.chosen].answer) == \
+            normalise_answer(f.trace.samples[f.trace.chosen].answer)
+        assert e.stats["answers_planned"] == 7 and drawn in (3, 6, 7)  # rounds of 3, 3 and 1 answers
+    stopped = [e for e in early if len(e.trace.samples) < 7]
+    assert stopped, "no prompt stopped early: the test's answers never agree"
+    # fewer tokens through the model (more, smaller forwards: one draw after another)
+    tokens = lambda out: sum(out.cost.tokens_processed.values())  # noqa: E731
+    assert sum(map(tokens, early)) < sum(map(tokens, full))
+    assert all(tokens(e) < tokens(f) for e, f in zip(early, full) if len(e.trace.samples) < 7)
+
+
+def test_early_stop_once_k_agree(member, one_thread):
+    same = lambda text: "x"  # noqa: E731 - every answer agrees
+    outs = run_method(get_method("view-vote"), _views(member), ["Question: 1 plus 5?", "Natalia sold"],
+                      max_new_tokens=4, seed=0, answer=same, samples=2, early_stop=2, draw=[2])
+    assert [len(o.trace.samples) for o in outs] == [2, 2]  # the first draw's two answers agree: stop
+
+
+def test_program_views_answer_with_what_their_program_prints(member, one_thread, monkeypatch):
+    """A program view's answer is its program's printed output (the sandbox's result on the sample and
+    the output); the prove vote keeps the text answer the program confirms."""
+    from adafuse.methods import answer_draws
+    from runtime.sandbox import ProgramResult
+
+    program_view = make_view(member, parse_view({"kind": "program", "system": "Write a program."}))
+    text_view = make_view(member, parse_view({"system": "Think."}))
+    # the tiny model's text is no program: run for real, the sandbox records the failure, no answer
+    out = run_method(get_method("view-vote"), [text_view, program_view], ["Natalia sold"], max_new_tokens=4,
+                     answer=lambda t: t.strip()[:1] or None)[0]
+    sample = out.trace.samples[1]
+    assert sample.program is not None and sample.program["error"] is not None and sample.answer is None
+    # scripted programs: what they print is the answer
+    monkeypatch.setattr(answer_draws, "run_output", lambda text: ProgramResult(stdout="42\n", error=None))
+    outs = run_method(get_method("view-vote"), [text_view, text_view, program_view], ["Natalia sold"],
+                      max_new_tokens=4, answer=lambda t: "42" if t.strip() == "42" else "7", vote="prove")
+    trace = outs[0].trace
+    assert [s.answer for s in trace.samples] == ["7", "7", "42"]
+    assert trace.chosen == 0  # no text answer confirmed: the majority ("7")
+    assert outs[0].program is None
+    outs = run_method(get_method("view-vote"), [program_view, text_view], ["Natalia sold"], max_new_tokens=4,
+                      answer=lambda t: "42" if t.strip() == "42" else "7", vote="majority")
+    assert outs[0].trace.chosen == 0 and outs[0].program["stdout"] == "42\n"  # the chosen program's result

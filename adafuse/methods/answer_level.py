@@ -10,7 +10,15 @@
 - `view-vote` (Dipper's rule): every member (typically views of one model) answers greedily, their
   forwards as rows of one batch (`runtime.forward_group`), and the vote picks one; ties go to the lead,
   then to member order (the confidence votes use each view's log-probability of its own answer,
-  recorded in the trace's samples).
+  recorded in the trace's samples). `samples` (one count, or one per member): a member's answers after
+  its first are sampled at `sampling_temperature` / `top_p` (self-consistency over views). Program
+  views (`kind=program`) answer with what their program prints, run in the sandbox; `vote: prove`
+  keeps the text answers a program confirms. `early_stop`: answers are drawn in batches
+  (`adafuse.methods.answer_draws`: every member's first answer, then the next round, ...; or at the
+  cumulative counts of `draw`), and a prompt stops drawing once its vote is decided ("decided":
+  lossless, the same answer as drawing everything) or once k answers agree (k); each output's stats
+  record the answers drawn (`samples`) of those planned (`answers_planned`), and its cost is what its
+  own draws cost.
 
 The answer of an output is what the request's `answer` function extracts (the eval harness passes
 the task's filter, e.g. GSM8K's final number); without one, the whole text. The returned text is the
@@ -24,13 +32,11 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from adafuse.methods.base import GenerationRequest, Method, register_method
-from adafuse.voting import VOTES, normalise_answer, pick, view_pick
+from adafuse.methods.answer_draws import AnswerSlot, WrittenAnswer, answer_order, draw_batches, write_answers
+from adafuse.voting import DECIDABLE_VOTES, VOTES, agreeing, confidences, normalise_answer, pick, view_pick, vote_decided
 from runtime.errors import ConfigError
-from runtime.forward_group import run_members
 from runtime.member import Member
-from runtime.outputs import Cost, CostMeter, GenerationOutput, batch_outputs
-
-SEED_STRIDE = 1_000_003  # seed offset between samples; prompt b adds b, as member.generate does
+from runtime.outputs import Cost, CostMeter, GenerationOutput
 
 
 def _check_vote(vote: Any) -> None:
@@ -58,10 +64,41 @@ class SelfConsistencyOptions:
 
 @dataclass
 class ViewVoteOptions:
-    vote: str = "majority"     # "majority", "consensus", "weighted" or "confident" (adafuse.voting)
+    vote: str = "majority"     # "majority", "consensus", "weighted", "confident" or "prove" (adafuse.voting)
+    samples: int | list[int] = 1          # answers per member: its first at the request's temperature, the rest sampled
+    sampling_temperature: float = 0.7     # the temperature of a member's answers after its first
+    top_p: float = 1.0                    # (those answers' nucleus)
+    early_stop: str | int | None = None   # "decided" (lossless) or k (stop once k answers agree); None: every answer
+    draw: list[int] | None = None         # answers drawn before each early-stop check (cumulative); None: by rounds
 
     def validate(self) -> None:
         _check_vote(self.vote)
+        counts = self.samples if isinstance(self.samples, list) else [self.samples]
+        if not counts or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in counts):
+            raise ConfigError(f"samples={self.samples!r} is invalid: a positive integer, or one per member")
+        SelfConsistencyOptions(2, self.sampling_temperature, self.top_p).validate()
+        stop = self.early_stop
+        if stop is not None and stop != "decided" and (isinstance(stop, bool) or not isinstance(stop, int) or stop < 2):
+            raise ConfigError(f"early_stop={stop!r} is invalid: 'decided' (stop once the answers still to come cannot "
+                              f"change the vote) or k >= 2 (stop once k answers agree)")
+        if stop == "decided" and self.vote not in DECIDABLE_VOTES:
+            raise ConfigError(f"early_stop 'decided' needs vote {' or '.join(DECIDABLE_VOTES)}, got {self.vote!r}; "
+                              f"use early_stop: k (stop once k answers agree)")
+        draw = self.draw
+        if draw is not None and (not isinstance(draw, list) or not draw or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in draw) or draw != sorted(set(draw))):
+            raise ConfigError(f"draw={draw!r} is invalid: increasing answer counts, e.g. [2, 4] (the first 2 answers, "
+                              f"then up to 4, then the rest)")
+        if draw is not None and stop is None:
+            raise ConfigError("draw needs early_stop (it says when the vote may stop drawing answers)")
+
+    def counts(self, num_members: int) -> list[int]:
+        """How many answers each member writes (one-line ConfigError for a list of another length)."""
+        if not isinstance(self.samples, list):
+            return [self.samples] * num_members
+        if len(self.samples) != num_members:
+            raise ConfigError(f"samples lists {len(self.samples)} counts for {num_members} members: give one per member")
+        return list(self.samples)
 
 
 @dataclass
@@ -75,6 +112,7 @@ class VoteSample:
     num_tokens: int
     logprob: float | None = None
     cross: dict[str, float] | None = None   # sample-rerank: each member's normalised score of it
+    program: dict[str, Any] | None = None   # a program view's answer: the sandbox's result of running it
 
 
 @dataclass
@@ -98,19 +136,24 @@ class VoteTrace:
         return {**asdict(self), "votes": self.votes}
 
 
-def _answers(request: GenerationRequest, texts: Sequence[str]) -> list[str | None]:
-    extract = request.answer or (lambda t: t)
-    return [extract(t) or None for t in texts]
-
-
-def _outputs(method: str, vote: str, per_prompt: list[tuple[list[VoteSample], int]], cost: Cost
-             ) -> list[GenerationOutput]:
-    """One output per prompt: its chosen sample, the vote as its trace, the batch's cost split."""
-    chosen = [samples[i] for samples, i in per_prompt]
-    return batch_outputs(cost, [s.text for s in chosen], [s.num_tokens for s in chosen], [s.finish for s in chosen],
-                         traces=[VoteTrace(method, vote, i, samples) for samples, i in per_prompt],
-                         stats=[{"samples": len(samples), "distinct_answers": len(
-                             {normalise_answer(x.answer) for x in samples} - {None})} for samples, _ in per_prompt])
+def _outputs(method: str, vote: str, per_prompt: list[tuple[list[VoteSample], int]], costs: Sequence[Cost],
+             took_part: Sequence[Sequence[int]], planned: int | None = None) -> list[GenerationOutput]:
+    """One output per prompt: its chosen sample (a program's sandbox result with it), the vote as its
+    trace; each draw's cost (`costs[i]`) split evenly over the prompts that took part in it
+    (`took_part[i]`), so a prompt whose vote stopped early carries less. `planned`: the answers a
+    prompt would draw without early stop (recorded with the answers drawn)."""
+    outs = []
+    for b, (samples, i) in enumerate(per_prompt):
+        cost = Cost()
+        for draw, rows in zip(costs, took_part):
+            if b in rows:
+                cost.merge(draw.share(len(rows)))
+        stats = {"samples": len(samples), "distinct_answers": len({normalise_answer(x.answer) for x in samples} - {None}),
+                 **({"answers_planned": planned} if planned is not None else {})}
+        chosen = samples[i]
+        outs.append(GenerationOutput(chosen.text, chosen.num_tokens, chosen.finish, cost,
+                                     VoteTrace(method, vote, i, samples), stats, chosen.program))
+    return outs
 
 
 @register_method
@@ -131,27 +174,16 @@ class SelfConsistency(Method):
             raise ConfigError(f"self-consistency samples at its option sampling_temperature="
                               f"{options.sampling_temperature}; the request asks for temperature={request.temperature}:"
                               f" set the option instead (or generate greedily)")
-        member, k, B = members[0], options.samples, len(request.prompts)
-        meter = CostMeter([member])
-        prompt_ids = [member.encode_prompt(p, request.chat) for p in request.prompts]
-        rows = [(b, j) for b in range(B) for j in range(k)]
-        state = member.start([prompt_ids[b] for b, _ in rows], room=request.max_new_tokens)
-        seed = request.seed
-        gens = None if seed is None else [torch.Generator(device=member.device).manual_seed(
-            int(seed) + b + SEED_STRIDE * j) for b, j in rows]
-        logprobs = [0.0] * len(rows)
-        texts, finish, new_ids = member.decode_plain(state, request.max_new_tokens, request.stop,
-                                                     options.sampling_temperature,
-                                                     top_p=options.top_p, generators=gens, logprobs=logprobs)
-        answers = _answers(request, texts)
+        meter, member, B = CostMeter(members), members[0], len(request.prompts)
+        slots = [AnswerSlot(0, j) for j in range(options.samples)]
+        written = write_answers(members, request, slots, range(B), options.sampling_temperature, options.top_p,
+                                all_sampled=True)
         per_prompt = []
         for b in range(B):
-            idx = [r for r, (bb, _) in enumerate(rows) if bb == b]
-            samples = [VoteSample(texts[r], answers[r], f"{member.name}#{rows[r][1]}", finish[r], len(new_ids[r]),
-                                  round(logprobs[r], 4)) for r in idx]
+            samples = [_sample(written[b, slot], f"{member.name}#{slot.sample}") for slot in slots]
             per_prompt.append((samples, pick(options.vote, [s.answer for s in samples], [s.logprob for s in samples],
-                                             [s.num_tokens for s in samples])))
-        return _outputs(self.name, options.vote, per_prompt, meter.cost())
+                                             [s.num_tokens for s in samples], [s.program is not None for s in samples])))
+        return _outputs(self.name, options.vote, per_prompt, [meter.cost()], [list(range(B))])
 
 
 @register_method
@@ -164,22 +196,38 @@ class ViewVote(Method):
     @torch.no_grad()
     def generate(self, members: Sequence[Member], request: GenerationRequest, options: ViewVoteOptions, *,
                  weights: Sequence[float], lead: int, speculators: Sequence[Any | None] = ()) -> list[GenerationOutput]:
-        meter = CostMeter(members)
-        s = request.sampling
-        order = [lead] + [m for m in range(len(members)) if m != lead]  # ties: the lead, then member order
+        order = answer_order(options.counts(len(members)), lead)  # ties: the lead, then member order
+        batches = draw_batches(order, options.draw) if options.early_stop is not None else [order]
+        drawn: list[list[VoteSample]] = [[] for _ in request.prompts]
+        open_prompts, costs, took_part = list(range(len(request.prompts))), [], []
+        for batch in batches:
+            meter = CostMeter(members)
+            written = write_answers(members, request, batch, open_prompts, options.sampling_temperature,
+                                    options.top_p)
+            costs.append(meter.cost())
+            took_part.append(list(open_prompts))
+            for b in open_prompts:
+                drawn[b] += [_sample(written[b, slot], members[slot.member].name + (f"#{slot.sample}" if slot.sample
+                                                                                     else "")) for slot in batch]
+            open_prompts = [b for b in open_prompts if not _stops(options, drawn[b], len(order) - len(drawn[b]))]
+        per_prompt = [(samples, view_pick(options.vote, [x.answer for x in samples], [x.logprob for x in samples],
+                                          [x.num_tokens for x in samples], [x.program is not None for x in samples]))
+                      for samples in drawn]
+        return _outputs(self.name, options.vote, per_prompt, costs, took_part, planned=len(order))
 
-        def write(m: int) -> list[GenerationOutput]:
-            return members[m].generate(request.prompts, max_new_tokens=request.max_new_tokens, stop=request.stop.stops,
-                                       temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-                                       chat=request.chat, logprobs=True)
 
-        written = dict(zip(order, run_members(order, lambda m: members[m], write)))  # views of a model together
-        per_prompt = []
-        for b in range(len(request.prompts)):
-            answers = _answers(request, [written[m][b].text for m in order])
-            samples = [VoteSample(written[m][b].text, a, members[m].name, written[m][b].finish_reason,
-                                  written[m][b].num_tokens, written[m][b].stats.get("logprob"))
-                       for m, a in zip(order, answers)]
-            per_prompt.append((samples, view_pick(options.vote, answers, [x.logprob for x in samples],
-                                                  [x.num_tokens for x in samples])))
-        return _outputs(self.name, options.vote, per_prompt, meter.cost())
+def _sample(answer: WrittenAnswer, by: str) -> VoteSample:
+    return VoteSample(answer.text, answer.answer, by, answer.finish, answer.num_tokens, answer.logprob,
+                      program=answer.program)
+
+
+def _stops(options: ViewVoteOptions, samples: list[VoteSample], to_come: int) -> bool:
+    """Whether a prompt's vote stops drawing answers (`options.early_stop`; none to come: it stops)."""
+    answers = [s.answer for s in samples]
+    if to_come == 0:
+        return True
+    if options.early_stop == "decided":
+        conf = confidences([s.logprob for s in samples], [s.num_tokens for s in samples]) \
+            if options.vote == "weighted" else None
+        return vote_decided(options.vote, answers, to_come, conf)
+    return agreeing(answers) >= int(options.early_stop)

@@ -1,0 +1,102 @@
+"""The answers a `view-vote` draws: which member writes which answer, in what order, in which batch.
+
+Every member writes `counts[m]` answers: its first at the request's temperature (greedy by default),
+the rest sampled at `sampling_temperature`. The answers are ordered by rounds, the lead first in each
+(`answer_order`: round 0 is every member's first answer), and drawn in batches (`draw_batches`): all
+at once, or, for an early-stopping vote, up to each `draw` count (default: one round at a time).
+`write_answers` writes one batch for the prompts still open: the rows of one member at one
+temperature run as one batch, those of views of one model as rows of one forward
+(`runtime.forward_group.run_members`). Row (prompt b, answer j of a member) samples from a generator
+seeded `seed + b + SEED_STRIDE * j`, as self-consistency's sample j of prompt b does. A program view's
+answers are programs: each is run in the sandbox (`runtime.program_answers`), its answer is what it
+printed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from adafuse.methods.base import GenerationRequest
+from runtime.forward_group import run_members
+from runtime.member import Member
+from runtime.program_answers import answer_text, run_output
+from runtime.views import is_program
+
+SEED_STRIDE = 1_000_003  # seed offset between samples; prompt b adds b, as member.generate does
+
+
+@dataclass(frozen=True)
+class AnswerSlot:
+    """One answer of a vote: member `member`'s answer number `sample` (0: its first)."""
+
+    member: int
+    sample: int
+
+
+@dataclass
+class WrittenAnswer:
+    """One answer as written: text, extracted answer (None: none), finish reason, tokens, summed
+    log-probability under the member's own distribution, and a program's sandbox result."""
+
+    text: str
+    answer: str | None
+    finish: str
+    num_tokens: int
+    logprob: float
+    program: dict[str, Any] | None = None
+
+
+def answer_order(counts: Sequence[int], lead: int) -> list[AnswerSlot]:
+    """Every answer of the vote in draw order: round j holds each member's answer j (if it writes
+    that many), the lead first, then the others in member order."""
+    members = [lead] + [m for m in range(len(counts)) if m != lead]
+    return [AnswerSlot(m, j) for j in range(max(counts, default=0)) for m in members if j < counts[m]]
+
+
+def draw_batches(order: Sequence[AnswerSlot], draw: Sequence[int] | None) -> list[list[AnswerSlot]]:
+    """`order` cut into the batches drawn before each early-stop check: at the cumulative counts of
+    `draw` (then the rest), or, with `draw` None, one round at a time."""
+    if draw is None:
+        cuts = [i for i in range(1, len(order)) if order[i].sample != order[i - 1].sample]
+    else:
+        cuts = [n for n in draw if 0 < n < len(order)]
+    bounds = [0, *cuts, len(order)]
+    return [list(order[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def write_answers(members: Sequence[Member], request: GenerationRequest, slots: Sequence[AnswerSlot],
+                  open_prompts: Sequence[int], sampling_temperature: float, top_p: float, all_sampled: bool = False
+                  ) -> dict[tuple[int, AnswerSlot], WrittenAnswer]:
+    """Write answers `slots` for every prompt in `open_prompts` -> {(prompt, slot): answer}. A
+    member's first answer decodes with the request's sampling (`all_sampled`: at `sampling_temperature`
+    too), the others at `sampling_temperature` and `top_p`; answers are what `request.answer`
+    extracts (without it, the whole text). Rows of one decode go prompt by prompt."""
+    s, extract = request.sampling, request.answer or (lambda t: t)
+    items: dict[tuple[int, bool], list[tuple[int, AnswerSlot]]] = {}
+    for b in open_prompts:  # one item per (member, sampled or not): one temperature per decode
+        for slot in slots:
+            items.setdefault((slot.member, all_sampled or slot.sample > 0), []).append((b, slot))
+    keys = list(items)
+
+    def write(key: tuple[int, bool]) -> list[WrittenAnswer]:
+        m, sampled = key
+        member, rows = members[m], items[key]
+        temperature, k, p = (sampling_temperature, 0, top_p) if sampled else (s.temperature, s.top_k, s.top_p)
+        state = member.start([member.encode_prompt(request.prompts[b], request.chat) for b, _ in rows],
+                             room=request.max_new_tokens)
+        gens = None if s.seed is None or temperature == 0 else [torch.Generator(device=member.device).manual_seed(
+            int(s.seed) + b + SEED_STRIDE * slot.sample) for b, slot in rows]
+        logprobs = [0.0] * len(rows)
+        texts, finish, new_ids = member.decode_plain(state, request.max_new_tokens, request.stop, temperature, k, p,
+                                                     generators=gens, logprobs=logprobs)
+        out = []
+        for r, text in enumerate(texts):
+            program = run_output(text).to_dict() if is_program(member) else None
+            out.append(WrittenAnswer(text, extract(answer_text(text, program)) or None, finish[r], len(new_ids[r]),
+                                     round(logprobs[r], 4), program))
+        return out
+
+    written = dict(zip(keys, run_members(keys, lambda key: members[key[0]], write)))  # views of a model together
+    return {row: answer for key in keys for row, answer in zip(items[key], written[key])}
