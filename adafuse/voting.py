@@ -17,6 +17,8 @@
 - `prove_vote` (programs as verifiers, after Toh et al. 2024, "Not All Votes Count!"): the majority
   among the text answers that some program answer confirms (the same answer); with none confirmed, the
   majority over every answer.
+- `longest_pick`: the longest answer (ties: the earliest): not a method to use but the length control
+  of an MT claim (a "gain" that picking the longest candidate also gets is brevity, not quality).
 Confidences need each sample's summed log-probability and token count (`confidences`).
 
 Early stop (`vote_decided`, `agreeing`): answers drawn one batch at a time can stop once the vote is
@@ -31,7 +33,7 @@ import re
 from typing import Callable, Mapping, Sequence
 
 CONFIDENCE_VOTES = ("weighted", "confident")   # the votes that read log-probabilities
-VOTES = ("majority", "consensus", *CONFIDENCE_VOTES, "prove")
+VOTES = ("majority", "consensus", *CONFIDENCE_VOTES, "prove", "longest")
 DECIDABLE_VOTES = ("majority", "weighted")      # the votes `vote_decided` can call early
 
 
@@ -131,6 +133,11 @@ def rerank_pick(cross: Sequence[Mapping[str, float]], scorers: Sequence[str]) ->
     return max(range(len(cross)), key=lambda i: (means[i], -i))
 
 
+def longest_pick(answers: Sequence[str | None]) -> int:
+    """Index of the longest answer in characters (a missing answer as ""; ties: the earliest)."""
+    return max(range(len(answers)), key=lambda i: (len(answers[i] or ""), -i)) if answers else 0
+
+
 def prove_vote(answers: Sequence[str | None], programs: Sequence[bool],
                logprobs: Sequence[float] | None = None) -> int:
     """Index of the chosen sample: `majority_vote` among the text answers (`programs[i]` False) whose
@@ -183,6 +190,8 @@ def pick(vote: str, answers: Sequence[str | None], logprobs: Sequence[float | No
         return prove_vote(answers, programs or [False] * len(answers), logprobs)
     if vote == "consensus":
         return consensus_pick([a or "" for a in answers])
+    if vote == "longest":
+        return longest_pick(answers)
     if vote in CONFIDENCE_VOTES:
         if logprobs is None or num_tokens is None:
             raise ValueError(f"vote {vote!r} needs the samples' log-probabilities and token counts")

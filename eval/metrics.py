@@ -163,7 +163,23 @@ MEAN_METRICS: dict[str, Callable[..., float]] = {
 def _sacrebleu_metric(name: str, **kwargs: Any):
     from sacrebleu.metrics import BLEU, CHRF
 
-    return {"bleu": BLEU, "chrf": CHRF}[name](**kwargs)
+    return {"bleu": BLEU, "chrf": CHRF}[STATS_OF.get(name, name)](**kwargs)
+
+
+CORPUS_METRICS = ("bleu", "chrf", "bleu_bp1")
+# metrics computed from another metric's statistics: BLEU with its brevity penalty fixed at 1 (BLEU's
+# statistics with the reference length set to the hypothesis length), the length control of an MT claim
+STATS_OF = {"bleu_bp1": "bleu"}
+
+
+def stats_key(name: str) -> str:
+    """The name a corpus metric's per-sentence statistics are recorded under (`record["stats"]`)."""
+    return STATS_OF.get(name, name)
+
+
+def record_stats(record: dict[str, Any], name: str) -> list[int]:
+    """A prediction record's sufficient statistics of corpus metric `name`."""
+    return record["stats"][stats_key(name)]
 
 
 def corpus_stats(name: str, hyp: str, ref: str, **kwargs: Any) -> list[int]:
@@ -172,14 +188,15 @@ def corpus_stats(name: str, hyp: str, ref: str, **kwargs: Any) -> list[int]:
 
 
 def corpus_score_from_stats(name: str, stats: Sequence[Sequence[int]], **kwargs: Any) -> float:
-    """Corpus BLEU/chrF from summed per-sentence statistics; equals `sacrebleu.corpus_<name>`."""
+    """Corpus BLEU/chrF from summed per-sentence statistics; equals `sacrebleu.corpus_<name>`
+    (`bleu_bp1`: BLEU with the brevity penalty fixed at 1)."""
     if len(stats) == 0:
         return 0.0
-    total = np.asarray(stats, dtype=np.int64).sum(axis=0)
-    return float(_sacrebleu_metric(name, **kwargs)._compute_score_from_stats([int(x) for x in total]).score)
+    total = [int(x) for x in np.asarray(stats, dtype=np.int64).sum(axis=0)]
+    if name == "bleu_bp1":
+        total[1] = total[0]  # BLEU's statistics start (hypothesis length, reference length): BP = 1
+    return float(_sacrebleu_metric(name, **kwargs)._compute_score_from_stats(total).score)
 
-
-CORPUS_METRICS = ("bleu", "chrf")
 
 # ---------------------------------------------------------------------------------------------
 # confidence intervals
@@ -201,10 +218,7 @@ def bootstrap_corpus_ci(name: str, stats: Sequence[Sequence[int]], *, n_resample
     s = np.asarray(stats, dtype=np.int64)
     if len(s) == 0:
         return (float("nan"), float("nan"))
-    metric = _sacrebleu_metric(name, **kwargs)
     rng = np.random.default_rng(seed)
-    scores = []
-    for _ in range(n_resamples):
-        total = s[rng.integers(0, len(s), size=len(s))].sum(axis=0)
-        scores.append(metric._compute_score_from_stats([int(v) for v in total]).score)
+    scores = [corpus_score_from_stats(name, s[rng.integers(0, len(s), size=len(s))], **kwargs)
+              for _ in range(n_resamples)]
     return float(np.quantile(scores, alpha / 2)), float(np.quantile(scores, 1 - alpha / 2))

@@ -38,9 +38,8 @@ class PairedDiff:
 def _scorer(metric: str, records: Sequence[dict[str, Any]], metric_kwargs: dict[str, Any]):
     """idx [k] -> the metric over those records (mean of per-example scores, or a corpus score)."""
     if metric in M.CORPUS_METRICS:
-        stats = np.asarray([r["stats"][metric] for r in records], dtype=np.int64)
-        sacre = M._sacrebleu_metric(metric, **metric_kwargs)
-        return lambda idx: float(sacre._compute_score_from_stats([int(v) for v in stats[idx].sum(axis=0)]).score)
+        stats = np.asarray([M.record_stats(r, metric) for r in records], dtype=np.int64)
+        return lambda idx: M.corpus_score_from_stats(metric, stats[idx], **metric_kwargs)
     values = np.asarray([example_score(r, metric) for r in records], dtype=np.float64)
     return lambda idx: float(values[idx].mean())
 

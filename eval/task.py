@@ -118,8 +118,9 @@ class Task:
         for spec in self.metric_list:
             name, kwargs = spec["metric"], {k: v for k, v in spec.items() if k != "metric"}
             if name in M.CORPUS_METRICS:
-                stats[name] = M.corpus_stats(name, extracted, doc["gold"], **kwargs)
-                scores[name] = M.corpus_score_from_stats(name, [stats[name]], **kwargs)
+                key = M.stats_key(name)  # (BLEU at a fixed brevity penalty reads BLEU's statistics)
+                stats[key] = stats.get(key) or M.corpus_stats(name, extracted, doc["gold"], **kwargs)
+                scores[name] = M.corpus_score_from_stats(name, [stats[key]], **kwargs)
             else:
                 scores[name] = M.MEAN_METRICS[name](extracted, doc["gold"])
         return scores, stats
@@ -130,7 +131,7 @@ class Task:
         for spec in self.metric_list:
             name, kwargs = spec["metric"], {k: v for k, v in spec.items() if k != "metric"}
             if name in M.CORPUS_METRICS:
-                lo, hi = M.bootstrap_corpus_ci(name, [r["stats"][name] for r in records], n_resamples=n_resamples,
+                lo, hi = M.bootstrap_corpus_ci(name, [M.record_stats(r, name) for r in records], n_resamples=n_resamples,
                                                seed=seed, **kwargs)
             else:
                 lo, hi = M.bootstrap_ci([r["scores"][name] for r in records], n_resamples=n_resamples, seed=seed)
@@ -159,7 +160,7 @@ def _metric_value(spec: dict[str, Any], records: list[dict]) -> float:
     if not records:
         return float("nan")
     if name in M.CORPUS_METRICS:
-        return M.corpus_score_from_stats(name, [r["stats"][name] for r in records], **kwargs)
+        return M.corpus_score_from_stats(name, [M.record_stats(r, name) for r in records], **kwargs)
     return float(sum(r["scores"][name] for r in records) / len(records))
 
 

@@ -25,6 +25,16 @@ from runtime.program_answers import answer_text
 MEMBERS_DIR = "members"
 
 
+def member_folder(by: str) -> str:
+    """A member's folder name: its spec, or where that is long or holds a '/' (a view's system prompt),
+    the model name and a hash of the view (metrics.json keeps the whole spec)."""
+    if len(by.encode()) <= 120 and "/" not in by and not by.startswith("."):
+        return by
+    import hashlib
+
+    return f"{by.split('[', 1)[0].replace('/', '_')}[view-{hashlib.sha1(by.encode()).hexdigest()[:12]}]"
+
+
 def sample_records(task, doc, samples: list[Any]) -> list[dict[str, Any]]:
     """What a record keeps of each written answer (`adafuse.methods.answer_level.VoteSample`): who
     wrote it, its text, and its scores as the task scores an output."""
@@ -36,7 +46,8 @@ def sample_records(task, doc, samples: list[Any]) -> list[dict[str, Any]]:
         out.append({"by": s.by, "output": s.text, "extracted": extracted, "scores": scores, "stats": stats,
                     "num_tokens": s.num_tokens, "finish_reason": s.finish, "logprob": s.logprob,
                     **({"cross": s.cross} if s.cross is not None else {}),
-                    **({"program": program} if program is not None else {})})
+                    **({"program": program} if program is not None else {}),
+                    **({"prompt": s.prompt} if getattr(s, "prompt", None) is not None else {})})
     return out
 
 
@@ -47,7 +58,8 @@ def member_records(records: list[dict[str, Any]], by: str, primary: str) -> list
         s = next((s for s in r.get("samples") or [] if s["by"] == by), None)
         if s is None:
             return []
-        out.append({"id": r["id"], "by": by, "prompt": r.get("prompt"), "output": s["output"], "extracted": s["extracted"],
+        out.append({"id": r["id"], "by": by, "prompt": s.get("prompt", r.get("prompt")),  # the member's own
+                    "output": s["output"], "extracted": s["extracted"],
                     "gold": r["gold"], "score": s["scores"][primary], "scores": s["scores"], "stats": s["stats"],
                     "num_tokens": s["num_tokens"], "finish_reason": s["finish_reason"], "logprob": s.get("logprob"),
                     **({"cross": s["cross"]} if "cross" in s else {}),
@@ -63,10 +75,9 @@ def write_member_runs(folder: Path, run: RunSpec, spec: TaskSpec, records: list[
     runs whose records keep no samples."""
     if run.method not in ("view-vote", "sample-rerank") or not records or not records[0].get("samples"):
         return []
-    if any("#" in s["by"] for s in records[0]["samples"]):   # several samples per member: no member's own run
-        return []
     written = []
-    for by in [s["by"] for s in records[0]["samples"]]:
+    # each member's first answer (a sample number after '#' is a further, sampled answer)
+    for by in dict.fromkeys(s["by"] for r in records for s in r.get("samples") or [] if "#" not in s["by"]):
         recs = member_records(records, by, spec.task.primary_metric)
         if not recs:
             continue
@@ -75,7 +86,7 @@ def write_member_runs(folder: Path, run: RunSpec, spec: TaskSpec, records: list[
         metrics.update({"derived_from": run.name, "wall_time_s": None, "wall_s_per_example": None,
                         "tokens_per_s": None, "forward_passes_per_example": None,
                         "tokens_processed_per_example": None})
-        out = folder / MEMBERS_DIR / by
+        out = folder / MEMBERS_DIR / member_folder(by)
         out.mkdir(parents=True, exist_ok=True)
         (out / "predictions.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs),
                                                encoding="utf-8")

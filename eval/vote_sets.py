@@ -26,11 +26,11 @@ from typing import Any, Sequence
 
 from adafuse.voting import CONFIDENCE_VOTES, rerank_pick, view_pick
 from eval.cli import OneLineParser
-from eval.metrics import CORPUS_METRICS, corpus_score_from_stats
+from eval.metrics import CORPUS_METRICS, corpus_score_from_stats, record_stats
 from eval.paired import example_score, mcnemar_exact, paired_bootstrap, win_tie_loss
 from eval.vote_members import member_records
 
-SET_VOTES = ("majority", "consensus", *CONFIDENCE_VOTES, "rerank")
+SET_VOTES = ("majority", "consensus", *CONFIDENCE_VOTES, "prove", "longest", "rerank")
 
 
 def read_runs(folder: str | Path, metric: str = "exact_match_number") -> list[tuple[str, dict[Any, dict[str, Any]]]]:
@@ -91,7 +91,7 @@ def vote_outcomes(runs: Sequence[dict[Any, dict[str, Any]]], members: Sequence[i
             out.append(recs[rerank_pick([r["cross"] for r in recs], [r["by"] for r in recs])])
         else:
             out.append(recs[view_pick(vote, [r.get("extracted") for r in recs], [r.get("logprob") for r in recs],
-                                      [r.get("num_tokens", 0) for r in recs])])
+                                      [r.get("num_tokens", 0) for r in recs], ["program" in r for r in recs])])
     return out
 
 
@@ -104,7 +104,7 @@ def metric_value(metric: str, records: Sequence[dict[str, Any]]) -> float:
     """`metric` over `records` in points: a corpus score from the records' statistics, else the mean
     per-example score."""
     if metric in CORPUS_METRICS:
-        return corpus_score_from_stats(metric, [r["stats"][metric] for r in records])
+        return corpus_score_from_stats(metric, [record_stats(r, metric) for r in records])
     return points(metric) * sum(example_score(r, metric) for r in records) / max(len(records), 1)
 
 

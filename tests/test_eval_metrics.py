@@ -103,3 +103,26 @@ def test_bootstrap_ci_brackets_the_mean() -> None:
     stats = [M.corpus_stats("bleu", h, r) for h, r in zip(HYPS, REFS)]
     lo, hi = M.bootstrap_corpus_ci("bleu", stats, n_resamples=200, seed=0)
     assert 0 <= lo <= M.corpus_score_from_stats("bleu", stats) <= hi <= 100
+
+
+@pytest.mark.parametrize("output, expected", [
+    (r"So \(\boxed{5}\).", "5"), (r"\[\boxed{1,260}\]", "1260"), (r"\boxed{\$18.00}", "18"),
+    (r"\boxed{18 \text{ km}}", "18"), (r"\boxed{\dfrac{15}{4}}", "3.75"), (r"\boxed{-\frac{3}{4}}", "-0.75"),
+    (r"\boxed{1{,}000}", "1000"), (r"\boxed{1\,000}", "1000"), (r"first \boxed{3} then \boxed{4}", "4"),
+    (r"\boxed{\text{no number}} The answer is 7.", "7"),   # a box without a number: the fallback
+    ("no box; the answer is 12. Later 13", "12"), ("just 3 and 8", "8"), ("nothing", ""),
+    (r"\boxed{x + \frac{1}{2}}", "1"),                      # not a leading fraction: the box's first number
+])
+def test_boxed_number_reads_the_last_box_then_falls_back(output: str, expected: str) -> None:
+    assert M.boxed_number(output) == expected
+
+
+def test_bleu_at_a_fixed_brevity_penalty_is_bleu_over_its_penalty() -> None:
+    hyps, refs = ["the cat sat on the mat", "a dog"], ["the cat sat on the mat today", "a big dog barked loudly"]
+    stats = [M.corpus_stats("bleu_bp1", h, r) for h, r in zip(hyps, refs)]
+    assert stats == [M.corpus_stats("bleu", h, r) for h, r in zip(hyps, refs)]  # BLEU's own statistics
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
+    assert bleu.bp < 0.9
+    assert M.corpus_score_from_stats("bleu_bp1", stats) == pytest.approx(bleu.score / bleu.bp)
+    long = [M.corpus_stats("bleu", r + " and more words", r) for r in refs]  # longer than the references: BP 1
+    assert M.corpus_score_from_stats("bleu_bp1", long) == pytest.approx(M.corpus_score_from_stats("bleu", long))

@@ -52,7 +52,7 @@ def test_outputs_and_metrics(tmp_path: Path, data: Path) -> None:
     nq = json.loads((tmp_path / "out" / "fake1" / "nq_open" / "metrics.json").read_text())
     assert nq["metrics"]["exact_match"]["value"] == 1.0 and nq["metrics"]["f1"]["value"] == 1.0
     ens = json.loads((tmp_path / "out" / "ens" / "wmt22_de_en" / "metrics.json").read_text())
-    assert set(ens["forward_passes"]) == {"m1", "m2"} and set(ens["metrics"]) == {"bleu", "chrf"}
+    assert set(ens["forward_passes"]) == {"m1", "m2"} and set(ens["metrics"]) == {"bleu", "chrf", "bleu_bp1"}
     resolved = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
     assert resolved["data_dir"] == str(data.resolve()) and len(resolved["runs"]) == 2
     # corpus BLEU in metrics equals sacrebleu over the saved outputs
@@ -60,8 +60,11 @@ def test_outputs_and_metrics(tmp_path: Path, data: Path) -> None:
 
     wmt = _lines(tmp_path / "out" / "fake1" / "wmt22_en_zh" / "predictions.jsonl")
     expected = sacrebleu.corpus_bleu([r["extracted"] for r in wmt], [[r["gold"] for r in wmt]], tokenize="zh").score
-    got = json.loads((tmp_path / "out" / "fake1" / "wmt22_en_zh" / "metrics.json").read_text())["score"]
-    assert got == pytest.approx(expected)
+    got = json.loads((tmp_path / "out" / "fake1" / "wmt22_en_zh" / "metrics.json").read_text())
+    assert got["score"] == pytest.approx(expected)
+    # BLEU with the brevity penalty fixed at 1: sacreBLEU's score over its brevity penalty
+    bleu = sacrebleu.corpus_bleu([r["extracted"] for r in wmt], [[r["gold"] for r in wmt]], tokenize="zh")
+    assert got["metrics"]["bleu_bp1"]["value"] == pytest.approx(bleu.score / bleu.bp)
 
 
 def test_resume_after_keyboard_interrupt(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,6 +131,18 @@ def test_real_data_dev_rows_disjoint() -> None:
         assert not {d[key] for d in dev} & {d[key] for d in test + shots}, name
 
 
+def test_gsm8k_heldout_rows_are_train_rows_3000_to_3399_and_no_dev_run_reaches_them() -> None:
+    root = resolve_data_dir(None)
+    t = get_task("gsm8k_chat")
+    held, shots = t.with_overrides(split="heldout").load(root)
+    dev, _ = t.with_overrides(split="dev").load(root)
+    assert [d["id"] for d in held] == list(range(3000, 3400)) and not shots   # zero-shot: no exemplars
+    assert [d["id"] for d in dev] == list(range(1000, 3000))                   # dev stops where heldout starts
+    assert not {d["question"] for d in held} & {d["question"] for d in dev + t.load(root)[0]}
+    with pytest.raises(ConfigError, match="nq_open has no heldout split"):
+        get_task("nq_open", split="heldout").load(root)
+
+
 def test_eval_config_reaching_dev_rows_is_refused() -> None:
     def cfg(task: str, **entry) -> dict:
         return {"tasks": [{"name": task, **entry}], "runs": [{"method": "single", "members": ["m"]}]}

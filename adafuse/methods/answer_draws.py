@@ -46,6 +46,7 @@ class WrittenAnswer:
     num_tokens: int
     logprob: float
     program: dict[str, Any] | None = None
+    prompt: str | None = None    # the prompt as the member saw it (kept with a member's first answer)
 
 
 def answer_order(counts: Sequence[int], lead: int) -> list[AnswerSlot]:
@@ -94,8 +95,10 @@ def write_answers(members: Sequence[Member], request: GenerationRequest, slots: 
         out = []
         for r, text in enumerate(texts):
             program = run_output(text).to_dict() if is_program(member) else None
+            b, slot = rows[r]
+            seen = member.format_prompt(request.prompts[b], request.chat) if slot.sample == 0 else None
             out.append(WrittenAnswer(text, extract(answer_text(text, program)) or None, finish[r], len(new_ids[r]),
-                                     round(logprobs[r], 4), program))
+                                     round(logprobs[r], 4), program, seen))
         return out
 
     written = dict(zip(keys, run_members(keys, lambda key: members[key[0]], write)))  # views of a model together

@@ -113,6 +113,7 @@ class VoteSample:
     logprob: float | None = None
     cross: dict[str, float] | None = None   # sample-rerank: each member's normalised score of it
     program: dict[str, Any] | None = None   # a program view's answer: the sandbox's result of running it
+    prompt: str | None = None               # the prompt as its member saw it (its first answer only)
 
 
 @dataclass
@@ -218,7 +219,7 @@ class ViewVote(Method):
 
 def _sample(answer: WrittenAnswer, by: str) -> VoteSample:
     return VoteSample(answer.text, answer.answer, by, answer.finish, answer.num_tokens, answer.logprob,
-                      program=answer.program)
+                      program=answer.program, prompt=answer.prompt)
 
 
 def _stops(options: ViewVoteOptions, samples: list[VoteSample], to_come: int) -> bool:
