@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import RunSpec, TaskSpec
+from eval.metrics import CORPUS_METRICS, corpus_score_from_stats, record_stats
 from runtime.files import write_json_atomic
 from runtime.program_answers import answer_text
 
@@ -60,12 +61,20 @@ def member_records(records: list[dict[str, Any]], by: str, primary: str) -> list
             return []
         out.append({"id": r["id"], "by": by, "prompt": s.get("prompt", r.get("prompt")),  # the member's own
                     "output": s["output"], "extracted": s["extracted"],
-                    "gold": r["gold"], "score": s["scores"][primary], "scores": s["scores"], "stats": s["stats"],
+                    "gold": r["gold"], "score": _score(s, primary), "scores": s["scores"], "stats": s["stats"],
                     "num_tokens": s["num_tokens"], "finish_reason": s["finish_reason"], "logprob": s.get("logprob"),
                     **({"cross": s["cross"]} if "cross" in s else {}),
                     **({"program": s["program"]} if "program" in s else {}), "cost": {}, "wall_s": 0.0,
                     "proc": r.get("proc")})
     return out
+
+
+def _score(sample: dict[str, Any], metric: str) -> float:
+    """A sample's score of `metric`: as recorded, or for a corpus metric it was not recorded with (BLEU at
+    a fixed brevity penalty on older records), from its statistics."""
+    if metric in sample["scores"] or metric not in CORPUS_METRICS:
+        return sample["scores"][metric]
+    return corpus_score_from_stats(metric, [record_stats(sample, metric)])
 
 
 def write_member_runs(folder: Path, run: RunSpec, spec: TaskSpec, records: list[dict[str, Any]],
