@@ -276,11 +276,12 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
     if check_memory:
         registry.check_memory([name_or_path], str(torch_dtype).replace("torch.", ""))
     tok = AutoTokenizer.from_pretrained(str(where))
-    if spread:
-        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype, device_map="auto")
-        device = str(next(model.parameters()).device)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype).to(device)
+    with _load_progress(display, torch_dtype):
+        if spread:
+            model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype, device_map="auto")
+            device = str(next(model.parameters()).device)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch_dtype).to(device)
     if pack_weights is None and spread:
         pack_weights = False                       # accelerate's dispatch hooks sit on those layers
     if pack_weights is None:
@@ -299,6 +300,29 @@ def load_member(name_or_path: str, dtype: str | torch.dtype = "float32", device:
 
 
 _NOTED_BF16 = False
+
+
+def _load_progress(name: str, dtype: torch.dtype):
+    """transformers' weight-loading bar on a terminal; in a log (stderr not a terminal) one line per
+    load instead of hundreds of carriage-return frames."""
+    import contextlib
+    import sys
+
+    if sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from transformers.utils import logging as hf_logging
+
+    @contextlib.contextmanager
+    def quiet():
+        was_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        print(f"loading {name} ({str(dtype).replace('torch.', '')})", file=sys.stderr, flush=True)
+        try:
+            yield
+        finally:
+            if was_on:
+                hf_logging.enable_progress_bar()
+    return quiet()
 
 
 def note_emulated_bf16() -> bool:

@@ -121,3 +121,12 @@ def test_a_registry_model_not_fetched_keeps_its_error(tmp_path, monkeypatch):
     monkeypatch.setenv("ADAFUSE_CACHE", str(tmp_path))
     with pytest.raises(ModelNotFetchedError, match="adafuse models fetch gemma3-270m"):
         MemberLoader().member("gemma3-270m")
+
+
+def test_a_load_logs_one_line_not_a_progress_bar(folder, capsys):
+    """stderr not a terminal (a log): one line per load, no carriage-return frames of a bar."""
+    from runtime.member import load_member
+
+    load_member(str(folder), check_memory=False)
+    err = capsys.readouterr().err
+    assert err.count("loading tiny (float32)") == 1 and "\r" not in err and "Loading weights" not in err
