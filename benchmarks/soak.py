@@ -1,7 +1,7 @@
 """Soak: a long `adafuse eval` of an ensemble with speculative members, memory and speed sampled each minute.
 
 The eval runs in this process through the CLI's own entry (`eval.cli.main`), on a config of the
-ensemble the tables use (`configs/table_wmt.yaml`'s `adafuse-speculative`: smollm2-135m, gemma3-270m,
+ensemble the tables use (`experiments/table_wmt/table_wmt.yaml`'s `adafuse-speculative`: smollm2-135m, gemma3-270m,
 qwen2.5-coder-0.5b, each with a prompt-lookup drafter, qwen leading) over WMT22 de-en lines in order.
 A sampler thread writes one JSON line per `--every_s` to `soak.jsonl`:
 

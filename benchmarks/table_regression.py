@@ -1,8 +1,8 @@
 """Are greedy outputs unchanged? Compare the predictions of evaluation folders run by two code versions.
 
     # the first 10 examples of each committed table run, with the code of this checkout:
-    adafuse eval configs/table_nq.yaml --limit 10 --output_path /tmp/after/table_nq --runs adafuse,...
-    python benchmarks/table_regression.py /tmp/after/table_nq results/table_nq [--limit 10]
+    adafuse eval experiments/table_nq/table_nq.yaml --limit 10 --output_path /tmp/after/table_nq --runs adafuse,...
+    python benchmarks/table_regression.py /tmp/after/table_nq experiments/table_nq [--limit 10]
 
 For every run x task folder present in both, prints how many of the first `limit` example ids have
 the same output text in both, and lists the ids that differ. Exit 1 if any differs.

@@ -25,7 +25,7 @@ Modules, one job each (the top floor: they may import `rlid`, `adafuse`, `specde
 - `tune_results`    what flows between the tune stages and its report (candidates, rounds, outcomes);
 - `tune_report`     what a tune leaves behind: `dev_table.md` and the tuned eval config;
 - `rlid_cli`        `adafuse rlid train|eval|distill|report CONFIG`;
-- `rlid_config`     RLiD experiment configs (`configs/rlid_*.yaml`), validated like the eval configs;
+- `rlid_config`     RLiD experiment configs (`experiments/rlid/rlid_*.yaml`), validated like the eval configs;
 - `rlid_eval`       held-out evaluation of one RLiD policy that writes as it goes and resumes after a kill;
 - `rlid_report`     RLiD reports: held-out table with paired differences, learning curve;
 - `lm_eval_model`   `--model adafuse` for lm-evaluation-harness (optional: imported only when lm-eval runs it);

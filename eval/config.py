@@ -355,8 +355,13 @@ def read_yaml(path: str | Path, what: str = "config") -> Any:
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a folder; give the path of a {what} YAML file (see configs/)")
     if not path.is_file():
+        import difflib
+
         shipped = sorted({p.stem for d in shipped_config_dirs() for p in d.glob("*.yaml")})
-        hint = f" (shipped configs: {', '.join(shipped)})" if shipped else ""
+        close = difflib.get_close_matches(path.stem, shipped, n=1)
+        hint = (f" (did you mean '{close[0]}'? " if close else " (") + \
+            (f"shipped configs: {', '.join(shipped)}; the experiments' configs are under experiments/)" if shipped
+             else "the experiments' configs are under experiments/)")
         raise ConfigError(f"{what} file not found: {path}{hint}")
     text = read_text(path, f"a YAML {what}", "write it as UTF-8 YAML text (examples: configs/)", ConfigError)
     try:

@@ -1,8 +1,8 @@
 """`adafuse rlid train|eval|distill|report CONFIG`: RLiD experiments from one YAML config.
 
-    adafuse rlid train configs/rlid_countdown.yaml --plane decision   # then --plane token (same budget)
-    adafuse rlid distill configs/rlid_countdown.yaml                  # SFT on the trained LDM's trajectories
-    adafuse rlid eval configs/rlid_countdown.yaml                     # held-out seeds, every policy
+    adafuse rlid train experiments/rlid/rlid_countdown.yaml --plane decision   # then --plane token (same budget)
+    adafuse rlid distill experiments/rlid/rlid_countdown.yaml                  # SFT on the trained LDM's trajectories
+    adafuse rlid eval experiments/rlid/rlid_countdown.yaml                     # held-out seeds, every policy
     adafuse rlid report runs/rlid_countdown                           # table + learning-curve plot
 
 Folders under `output_path`: `decision/` and `token/` (each trainer's log.jsonl, checkpoints/),
@@ -28,7 +28,7 @@ POLICIES = ("untrained", "untrained-token", "decision", "token", "distill", "ens
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("verb", choices=VERBS, help="train a plane, distill, evaluate on held-out seeds, or report")
-    parser.add_argument("config", help="an RLiD YAML config (configs/rlid_*.yaml), or for report: its output folder")
+    parser.add_argument("config", help="an RLiD YAML config (experiments/rlid/rlid_*.yaml), or for report: its output folder")
     parser.add_argument("--plane", choices=PLANES, default="decision", help="train: decision plane or token level")
     parser.add_argument("--max_wall_s", type=float, default=None, help="train: override the wall-time budget")
     parser.add_argument("--max_steps", type=int, default=None, help="train: override the step budget")

@@ -1,4 +1,4 @@
-"""RLiD experiment configs (`configs/rlid_*.yaml`), validated like the eval configs: one environment,
+"""RLiD experiment configs (`experiments/rlid/rlid_*.yaml`), validated like the eval configs: one environment,
 one decision model (and optionally an ensemble), training for the decision plane and the token-level
 baseline under the same budget, held-out evaluation seeds, and distillation.
 

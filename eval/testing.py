@@ -149,3 +149,9 @@ def make_data(root: Path, n: int = 12) -> Path:
         (root / "wmt22" / f"{pair}.src").write_text("\n".join(src) + "\n")
         (root / "wmt22" / f"{pair}.ref").write_text("\n".join(ref) + "\n")
     return root
+
+
+def error_text(stderr: str) -> str:
+    """What a command printed on stderr besides model-load status lines ("loading NAME (DTYPE)", one per
+    load in a log): where a bad input's one-line error must be the only line."""
+    return "".join(line + "\n" for line in stderr.splitlines() if not line.startswith("loading "))

@@ -15,7 +15,7 @@ from eval.tune_config import TuneConfig
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The verb's options (underscored; `eval.cli` adds the dashed spellings)."""
-    parser.add_argument("config", metavar="CONFIG", help="tune config YAML (see configs/tune_*.yaml)")
+    parser.add_argument("config", metavar="CONFIG", help="tune config YAML (see experiments/tune_*/)")
     parser.add_argument("--dev_rows", type=int, default=None, help="dev row budget per task (default: tune.dev_rows)")
     parser.add_argument("--limit", type=int, default=None, help="test rows the tuned config evaluates (default: the config's)")
     parser.add_argument("--output_path", default=None, metavar="DIR", help="output folder (default: the config's output_path)")

@@ -18,7 +18,7 @@ import yaml
 
 from eval import methods
 from eval.cli import main as adafuse_main
-from eval.testing import make_data, register_fake
+from eval.testing import error_text, make_data, register_fake
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -372,7 +372,7 @@ def _one_error_line(argv: list[str], capsys) -> str:
         rc = adafuse_main(argv)
     except SystemExit as exc:  # argparse
         rc = exc.code
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    lines = [line for line in error_text(capsys.readouterr().err).splitlines() if line.strip()]  # (no load lines)
     assert rc == 2, f"exit status {rc}, stderr: {lines}"
     assert len(lines) == 1, f"{len(lines)} lines on stderr: {lines}"
     assert lines[0].startswith("error: ") and "Traceback" not in lines[0]

@@ -59,9 +59,17 @@ def test_resolution_and_overrides() -> None:
     assert cfg.to_dict()["runs"][0]["method"] == "single"
 
 
+def experiment_configs() -> list:
+    """The configs of the committed experiments (`experiments/<name>/<name>.yaml`, `experiments/rlid/rlid_*.yaml`
+    and the other configs kept beside records; a run folder's resolved `config.yaml` is a record, not a config)."""
+    return sorted(p for p in (REPO / "experiments").glob("*/*.yaml") if p.name != "config.yaml")
+
+
 def test_shipped_configs_are_valid() -> None:
-    paths = sorted((REPO / "configs").glob("*.yaml"))
-    assert any(p.name == "quickstart.yaml" for p in paths)
+    examples = sorted((REPO / "configs").glob("*.yaml"))
+    assert any(p.name == "quickstart.yaml" for p in examples) and len(examples) <= 12   # a handful of examples
+    paths = examples + experiment_configs()
+    assert len(paths) > 60
     for path in paths:
         if path.name.startswith("rlid_"):              # RLiD experiment configs: their own schema
             from eval.rlid_config import load_rlid

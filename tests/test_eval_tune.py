@@ -391,7 +391,7 @@ def test_any_method_option_grid_plugs_in() -> None:
 
 
 def test_shipped_tune_configs_are_valid() -> None:
-    paths = sorted((REPO / "configs").glob("tune_*.yaml"))
+    paths = sorted([*(REPO / "configs").glob("tune_*.yaml"), *(REPO / "experiments").glob("tune_*/tune_*.yaml")])
     assert {p.name for p in paths} >= {"tune_wmt.yaml", "tune_nq.yaml", "tune_gsm8k.yaml"}
     for path in paths:
         cfg = load_tune(path)

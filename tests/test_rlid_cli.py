@@ -7,6 +7,7 @@ import torch
 import yaml
 
 from eval.cli import main
+from eval.testing import error_text
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_every_verb_end_to_end(tmp_path, model_dir, capsys):
     (out / "eval" / "ensemble.json").unlink()
     capsys.readouterr()
     assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert "holds episodes of ensemble of" in err and "rerun with --force" in err and err.count("\n") == 1
 
 
@@ -101,18 +102,18 @@ def test_bad_configs_are_one_line_errors(tmp_path, model_dir, capsys):
     config, _ = write_config(tmp_path, model_dir)
     for spec, message in (("3:2", "overlaps the training seeds 0..7"), ("3000", "give START:COUNT")):
         assert main(["rlid", "eval", config, "--seeds", spec]) == 2
-        err = capsys.readouterr().err
+        err = error_text(capsys.readouterr().err)
         assert message in err and err.count("\n") == 1
     config, _ = write_config(tmp_path, model_dir, env={"name": "chess"})
     assert main(["rlid", "eval", config]) == 2
     assert "unknown env 'chess'" in capsys.readouterr().err
     config, _ = write_config(tmp_path, model_dir, train={"seeds": {"start": 0, "count": 4}, "max_steps": 1, "lr_rate": 1})
     assert main(["rlid", "train", config]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert "lr_rate" in err and err.count("\n") == 1
     config, _ = write_config(tmp_path, model_dir, answer="text", realise_action_text=True)
     assert main(["rlid", "eval", config]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert "realise_action_text is for answer: label" in err and err.count("\n") == 1
     config, _ = write_config(tmp_path, model_dir, answer="json")
     assert main(["rlid", "eval", config]) == 2
@@ -175,7 +176,7 @@ def test_ensemble_eval_writes_as_it_goes_and_resumes(tmp_path, model_dir, capsys
     (folder / "ensemble.json").unlink()
     capsys.readouterr()
     assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert "dev choice for another ensemble setting" in err and err.count("\n") == 1
     monkeypatch.undo()
     assert main(["rlid", "eval", config, "--policies", "ensemble", "--force"]) == 0   # --force starts over
@@ -201,7 +202,7 @@ def test_pick_on_dev_takes_the_best_and_the_first_of_a_tie():
 def test_bad_ensemble_settings_are_one_line_errors(tmp_path, model_dir, capsys, ensemble, needle):
     config, _ = write_config(tmp_path, model_dir, ensemble={"members": [model_dir, model_dir], **ensemble})
     assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert needle in err and err.count("\n") == 1
 
 
@@ -216,7 +217,7 @@ def test_plane_settings_go_to_their_own_plane(tmp_path, model_dir, capsys):
     assert not cfg.train_config("token").exact_last_move and cfg.train_config("token").lr == 0.5
     config, _ = write_config(tmp_path, model_dir, train={**train, "exact_last_move": True})
     assert main(["rlid", "train", config, "--plane", "decision"]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert "move it under train.decision" in err and err.count("\n") == 1
 
 
@@ -237,7 +238,7 @@ def test_ensemble_member_from_another_runs_trained_plane(tmp_path, model_dir, ca
     (tmp_path / "b").mkdir()
     config, _ = write_config(tmp_path / "b", model_dir, ensemble={**ensemble, "adapters": [None, str(tmp_path / "b")]})
     assert main(["rlid", "eval", config, "--policies", "ensemble"]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert "not found" in err and err.count("\n") == 1
 
 
@@ -280,5 +281,5 @@ def test_distill_teacher_borrows_another_runs_trained_decision_model(tmp_path, m
     capsys.readouterr()
     config_c, _ = write_config(tmp_path / "c", model_dir, distill={**distill, "teacher": str(tmp_path / "nowhere")})
     assert main(["rlid", "distill", config_c]) == 2
-    err = capsys.readouterr().err
+    err = error_text(capsys.readouterr().err)
     assert "no trained decision model" in err and "distill.teacher" in err and err.count("\n") == 1

@@ -45,7 +45,9 @@ def test_wheel_holds_modules_tasks_and_configs(wheel):
     assert not missing, f"not in the wheel: {missing}"
     assert {"eval/tasks/gsm8k.yaml", "eval/tasks/nq_open.yaml", "eval/configs/quickstart.yaml",
             "eval/lm_eval_tasks/adafuse_gsm8k.yaml", "eval/lm_eval_tasks/utils.py"} <= names
-    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "results/", "configs/"))]
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "results/", "configs/", "experiments/"))]
+    assert not [n for n in names if n.endswith((".jsonl", ".png"))]                       # no records
+    assert len([n for n in names if n.startswith("eval/configs/") and n.endswith(".yaml")]) <= 12
     entry_points = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "adafuse = eval.cli:main" in entry_points and "adafuse-lm-eval = eval.lm_eval_cli:main" in entry_points
     metadata = next(wheel.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
