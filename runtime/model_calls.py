@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from runtime.counters import Counters, ModelRunner
+from runtime.gqa_attention import valid_queries
 from runtime.hf_compat import cache_kwargs
 from runtime.logits_plan import LogitsPlan
 from runtime.lora_views import adapters_for
@@ -24,7 +25,7 @@ from runtime.tree_mask import TreeInputs
 def _call_model(member: ModelRunner, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor, cache,
                 logits_to_keep, valid: torch.Tensor, head: torch.Tensor, compact: bool) -> tuple[torch.Tensor, bool]:
     """`member.model(...)` on a cache inside `only_tokens(valid, head, compact)`: (logits, compacted)."""
-    with only_tokens(valid, head, compact_head=compact) as run:
+    with only_tokens(valid, head, compact_head=compact) as run, valid_queries(valid):
         out = member.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                            use_cache=True, logits_to_keep=logits_to_keep, **cache_kwargs(member.model, cache))
     return out.logits, run.compacted

@@ -17,6 +17,14 @@ be slower than `nn.Linear`.
 A weight shared with another module (a tied LM head) stays referenced there; any other original
 weight is released, so packing costs no extra memory except for tied heads.
 
+Batch-invariant: a row's result does not depend on how many rows share the call. oneDNN's packed GEMM
+computes every row with the same reduction order for 2 rows or 1,024 (checked, bfloat16 and float32,
+1 and 2 threads, on a 2-core AMD EPYC with AVX512-BF16), but a single row takes another kernel (a GEMV)
+whose sums round differently, so a lone row is computed as two (the same cost: one read of the weight).
+`rows_independent` probes this once per dtype on the CPU at hand; where it does not hold, batch-invariant
+mode (`runtime.gqa_attention.batch_invariant`) pads every call to a multiple of 16 rows instead.
+`tests/test_packed_linear.py` checks a row's result against its row count.
+
 `pack_frozen_linear_weights(model)`: the same for a model being fine-tuned (LoRA): its frozen layers are
 packed and keep their plain weight for the input's gradient, so RL rollouts and the forward half of
 every update run on packed weights.
@@ -32,6 +40,7 @@ tensor costs half as much as the head's matmul. The context's `HeadRun.compacted
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Iterator
@@ -107,6 +116,43 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+@functools.lru_cache(maxsize=None)
+def rows_independent(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed GEMM on this CPU computes a row alike for any number of rows >= 2 (probed
+    once per dtype: a random 512 x 384 layer, rows 2 / 3 / 16 / 64 at a time; 1 and 2 threads)."""
+    gen = torch.Generator().manual_seed(0)
+    layer = nn.Linear(384, 512, bias=False).to(dtype)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(512, 384, generator=gen))
+    packed = PackedLinear(layer)
+    x = torch.randn(64, 384, generator=gen).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        ref = None
+        for n_threads in {1, min(2, threads)}:
+            torch.set_num_threads(n_threads)
+            for m in (2, 3, 16, 64):
+                out = torch.cat([torch.ops.mkldnn._linear_pointwise(x[i: i + m], packed.packed_weight, None, "none", [],
+                                                                     "") for i in range(0, 64, m)])
+                ref = out if ref is None else ref
+                if not torch.equal(out, ref):
+                    return False
+        return True
+    finally:
+        torch.set_num_threads(threads)
+
+
+def row_block(dtype: torch.dtype) -> int:
+    """Packed GEMMs run a multiple of this many rows (padded): 1 where the CPU computes a row alike for
+    any count >= 2 (`rows_independent`; a lone row still runs as two), else 16 under batch-invariant
+    mode (`runtime.gqa_attention.batch_invariant`), every call then the same shape per 16 rows."""
+    from runtime import gqa_attention
+
+    if not gqa_attention.ENABLED or rows_independent(dtype):
+        return 1
+    return 16
+
+
 def packable_dtypes() -> tuple[torch.dtype, ...]:
     """The weight dtypes `pack_linear_weights` packs on this machine."""
     return (torch.float32, torch.bfloat16) if native_bf16() else (torch.float32,)
@@ -151,6 +197,12 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        m = rows.shape[0]
+        block = row_block(rows.dtype)
+        if m % block or m < 2:  # rows padded to what makes a row's sums independent of the call: see above
+            pad = max(2, -(-m // block) * block) - m
+            rows = torch.cat([rows, rows[-1:].expand(pad, -1)])
+            return torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")[:m]
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

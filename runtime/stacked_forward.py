@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from runtime.gqa_attention import current_valid, valid_queries
 from runtime.logits_plan import LogitsPlan
 from runtime.tree_mask import FULL, TreeInputs
 
@@ -79,9 +80,11 @@ def segmented_attention(inner):
         if not isinstance(key, SegmentedKV):
             return inner(module, query, key, value, attention_mask, *args, **kwargs)
         out = None
+        valid = current_valid()  # (row-wise attention: each request's own corner of the real tokens)
         for (r0, r1, n), k, v in zip(key.bounds, key, value):
             mask = None if attention_mask is None else attention_mask[r0:r1, :, :n, : k.shape[-2]]
-            o, _ = inner(module, query[r0:r1, :, :n], k, v, mask, *args, **kwargs)
+            with valid_queries(None if valid is None else valid[r0:r1, :n]):
+                o, _ = inner(module, query[r0:r1, :, :n], k, v, mask, *args, **kwargs)
             if out is None:
                 out = o.new_zeros(query.shape[0], query.shape[2], *o.shape[2:])
             out[r0:r1, :n] = o
