@@ -65,7 +65,7 @@ def launcher_shard(env: dict[str, str] | None = None) -> tuple[int, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eval.report import collect, ensemble_table, markdown_table, plot
+    from eval.report import collect, ensemble_table, markdown_table, paired_table, plot
     from eval.runner import evaluate
 
     shard = parse_shard(args.shard) or launcher_shard()
@@ -90,9 +90,13 @@ def run(args: argparse.Namespace) -> int:
     if not results:
         return 0
     print(markdown_table(results))
-    buys = ensemble_table(collect([cfg.output_path]))
-    if buys:
-        print("\n" + buys)
+    rows = collect([cfg.output_path])
+    if cfg.baseline and any(r["run"] == cfg.baseline for r in rows):  # the declared baseline: every run against it
+        print("\n" + paired_table(rows, cfg.baseline))
+    else:
+        buys = ensemble_table(rows)
+        if buys:
+            print("\n" + buys)
     png = plot(results, f"{cfg.output_path}/report.png")
     print(f"\nresults: {cfg.output_path}  plot: {png}")
     return 0

@@ -9,6 +9,8 @@ limit, seed, batch size and output folder. Validated up front; every mistake is 
       - {name: ens, method: adafuse, members: [smollm2-135m, gemma3-270m], options: {...}}
 
 A single run may be written at top level instead of `runs:` (`method`, `members`, `options`, `name`).
+`baseline: RUN` names the run every other run is paired with on the same examples (its task, or
+another task over the same rows: the strongest model at its best prompt beside its default prompt).
 A task entry's `split: dev` evaluates the dev rows (`eval.data`; default `test`); a test range that
 would reach the dev rows is refused. A tune config (`adafuse tune`, `eval.tune`) is an eval config
 with a `tune:` block; read as an eval config, its runs are then each `tune.members` member alone.
@@ -69,6 +71,7 @@ CONFIG_SCHEMA: dict[str, Field] = {
     "bootstrap": Field((int,)),
     "dtype": Field((str,)),  # every run's model dtype unless its options set one (default float32)
     "tune": Field((dict,)),  # validated by eval.tune; here only its `members` (the runs when none are given)
+    "baseline": Field((str,)),  # the run every other run is paired with (the strongest model at its best prompt)
 }
 
 
@@ -123,12 +126,14 @@ class EvalConfig:
     bootstrap: int = 1000
     description: str = ""
     dtype: str | None = None
+    baseline: str | None = None           # the run every other run is paired with, on the same examples
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config (what `config.yaml` in the output folder records)."""
         return {"source": self.source, "description": self.description, "output_path": self.output_path,
                 "data_dir": self.data_dir, "seed": self.seed, "batch_size": self.batch_size, "bootstrap": self.bootstrap,
                 **({"dtype": self.dtype} if self.dtype else {}),
+                **({"baseline": self.baseline} if self.baseline else {}),
                 "tasks": [t.to_dict() for t in self.tasks], "runs": [r.to_dict() for r in self.runs]}
 
     def run_options(self, run: RunSpec) -> dict[str, Any]:
@@ -297,8 +302,13 @@ def parse_config(data: Any, source: str = "<config>", *, limit: int | None = Non
         data_dir=data_dir or data.get("data_dir"),
         seed=seed if seed is not None else data.get("seed", 0),
         batch_size=batch_size if batch_size is not None else data.get("batch_size", 1),
-        bootstrap=data.get("bootstrap", 1000), dtype=data.get("dtype"),
+        bootstrap=data.get("bootstrap", 1000), dtype=data.get("dtype"), baseline=data.get("baseline"),
     )
+    if cfg.baseline is not None and cfg.baseline not in {r.name for r in runs}:
+        close = difflib.get_close_matches(cfg.baseline, [r.name for r in runs], n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise ConfigError(f"{source}: key 'baseline' names no run ({cfg.baseline!r}); {hint}runs: "
+                          f"{', '.join(r.name for r in runs)}")
     if cfg.dtype is not None:
         from runtime.member import resolve_dtype
 

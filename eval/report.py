@@ -164,9 +164,27 @@ def _records(row: dict[str, Any]) -> list[dict[str, Any]]:
     return parse_predictions(path, ("id", "score"))[0]  # read only: a torn last line (a run in progress) is left out
 
 
+def examples_of(row: dict[str, Any]) -> tuple[str, str]:
+    """Which examples a run's records are: (dataset, split), from its task file and its saved setup
+    (a run of another task over the same rows pairs with it)."""
+    from eval.task import get_task
+
+    setup = Path(row["_path"]).with_name("setup.json") if row.get("_path") else None
+    split = "test"
+    if setup is not None and setup.is_file():
+        split = (json.loads(setup.read_text(encoding="utf-8")).get("task") or {}).get("split", "test")
+    try:
+        return get_task(row["task"]).dataset, split
+    except ConfigError:
+        return row["task"], split
+
+
 def paired_table(rows: list[dict[str, Any]], baseline: str, n_resamples: int = 1000) -> str:
     """Per task, every other run against `baseline` on the same examples: the paired difference of
-    each metric with its paired bootstrap 95 % interval (* where it excludes 0), and win/tie/loss."""
+    each metric with its paired bootstrap 95 % interval (* where it excludes 0), and win/tie/loss. Where
+    the baseline did not run the task, its run of another task over the same examples (dataset and
+    split) stands in, on the metrics both tasks score (e.g. the 1.5B's best prompt, task gsm8k_chat,
+    against its 4-shot default, task gsm8k)."""
     from eval.paired import compare_runs
     from eval.task import get_task
 
@@ -176,19 +194,23 @@ def paired_table(rows: list[dict[str, Any]], baseline: str, n_resamples: int = 1
     lines = [f"Paired against `{baseline}` (same examples; 95 % paired bootstrap, {n_resamples} draws; "
              "* = interval excludes 0):", "",
              "| task | run | n | Δ primary [CI95] | Δ other [CI95] | win / tie / loss |", "|---|---|--:|---|---|---|"]
+    bases = [r for r in rows if r["run"] == baseline]
     for task in sorted({r["task"] for r in rows}):
-        in_task = [r for r in rows if r["task"] == task]
-        base = next((r for r in in_task if r["run"] == baseline), None)
+        in_task = [r for r in rows if r["task"] == task and r["run"] != baseline]
+        base = next((b for b in bases if b["task"] == task), None) or \
+            next((b for b in bases if in_task and examples_of(b) == examples_of(in_task[0])), None)
         if base is None:
             continue
-        spec = get_task(task).metric_list
+        base_metrics = {m["metric"] for m in get_task(base["task"]).metric_list}
+        spec = [m for m in get_task(task).metric_list if m["metric"] in base_metrics]
+        if not spec:
+            continue
         base_recs = _records(base)
+        against = "" if base["task"] == task else f" (its {base['task']})"
         for r in in_task:
-            if r is base:
-                continue
             diffs, (w, t, l) = compare_runs(spec, _records(r), base_recs, n_resamples=n_resamples)
             cells = [_diff(d) for d in diffs]
-            lines.append(f"| {task} | {r['run']} | {diffs[0].n} | {cells[0]} | {', '.join(cells[1:]) or '-'} | "
+            lines.append(f"| {task} | {r['run']}{against} | {diffs[0].n} | {cells[0]} | {', '.join(cells[1:]) or '-'} | "
                          f"{w} / {t} / {l} |")
     return "\n".join(lines)
 

@@ -45,6 +45,9 @@ class FakeGenerator:
             return f"{n} doubled is {2 * n}. The answer is {2 * n}.\n\nQuestion: next"
         if last.startswith("Q:"):
             return " " + last.split("Q:")[1].split("?")[0].strip().upper() + "\nQ: more"
+        if last.startswith("What is twice "):  # gsm8k_chat: the question alone, a boxed answer
+            n = int("".join(ch for ch in last if ch.isdigit()) or 0)
+            return f"Twice {n} is {2 * n}, so the answer is \\boxed{{{2 * n}}}."
         src = last.split(":", 1)[1].split("\n")[0].strip()
         return " " + src + "\n"
 

@@ -157,6 +157,29 @@ def test_cli_eval_and_report(tmp_path: Path, data: Path, capsys: pytest.CaptureF
     assert table == markdown_table(rows) and path == out / "report.png"
 
 
+def test_a_declared_baseline_pairs_every_run_also_across_tasks_over_the_same_rows(tmp_path: Path, data: Path,
+                                                                                   capsys: pytest.CaptureFixture) -> None:
+    """`baseline: RUN`: every run against it on the same examples; a run of another task over the same
+    rows (the 4-shot default, task gsm8k) against the baseline's own task (gsm8k_chat), never across splits."""
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(_cfg(data, tmp_path / "out", tasks=("gsm8k", "gsm8k_chat"), baseline="best",
+                                            runs=[{"name": "best", "method": "fake", "members": ["m1"],
+                                                   "tasks": ["gsm8k_chat"]},
+                                                  {"name": "default", "method": "fake", "members": ["m1"],
+                                                   "tasks": ["gsm8k"]},
+                                                  {"name": "ens", "method": "fake", "members": ["m1", "m2"],
+                                                   "options": {"mode": "echo"}, "tasks": ["gsm8k_chat"]}])))
+    assert adafuse_main(["eval", str(cfg_path), "--no_progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "Paired against `best`" in printed and "What each ensemble buys" not in printed
+    assert "| gsm8k | default (its gsm8k_chat) | 6 |" in printed and "| gsm8k_chat | ens | 6 |" in printed
+    bad = yaml.safe_load(cfg_path.read_text())
+    bad["baseline"] = "bset"
+    cfg_path.write_text(yaml.safe_dump(bad))
+    assert adafuse_main(["eval", str(cfg_path), "--no_progress"]) == 2
+    assert "key 'baseline' names no run ('bset'); did you mean 'best'?" in capsys.readouterr().err
+
+
 def test_cli_errors_are_one_line(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("tasks: [gsm8k]\nruns:\n  - {method: single, membrs: [x]}\n")

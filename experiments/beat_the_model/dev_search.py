@@ -98,7 +98,7 @@ def candidates(pool: dict[str, dict]) -> list[tuple[str, list[str], list[int], V
         for vote in ("majority", "weighted", "prove"):
             if vote == "prove" and not any(v.startswith("pot") for v in views):
                 continue
-            stops = [(None, None), (2, [2])] + ([("decided", None)] if vote != "prove" else [])
+            stops = [(None, None), (2, [2])] + ([("decided", [2])] if vote != "prove" else [])
             for stop, draw in stops:
                 if stop is not None and sum(counts) <= 2:
                     continue
