@@ -46,7 +46,7 @@ def test_unknown_config_is_named():
         evaluate.load(PATH, "squad")
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "experiments"
 
 
 @pytest.mark.parametrize("folder, config", [("table_gsm8k/qwen2.5-coder-0.5b/gsm8k", "gsm8k"),
@@ -59,4 +59,6 @@ def test_equals_the_committed_tables(folder, config):
     out = evaluate.load(PATH, config).compute(predictions=[r["output"] for r in rows],
                                               references=[r["gold"] for r in rows])
     assert len(rows) == metrics["n"]
-    assert out == {k: pytest.approx(v["value"], abs=1e-9) for k, v in metrics["metrics"].items()}
+    # (the WMT tasks gained BLEU at a fixed brevity penalty after these tables were written)
+    assert {k: out[k] for k in metrics["metrics"]} == {k: pytest.approx(v["value"], abs=1e-9)
+                                                       for k, v in metrics["metrics"].items()}

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from eval.testing import error_text
+
 from runtime.errors import NonFiniteLogitsError
 from runtime.testing import tiny_member
 
@@ -77,6 +79,6 @@ def test_cli_reports_one_line(tmp_path: Path, capsys, one_thread) -> None:
     member.tokenizer.save_pretrained(folder)
     capsys.readouterr()
     assert main(["generate", "--model", str(folder), "--prompt", "hello", "--max_new_tokens", "3"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = error_text(capsys.readouterr().err).strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: member 'nan-model' gave NaN/inf logits (row 0, after ")
     assert "so nothing can be sampled; its weights hold NaN/inf or overflow" in err[0]
