@@ -315,15 +315,15 @@ def _ties(best: dict[str, Any], rows: list[dict[str, Any]]) -> int:
 
 
 def report(dirs: list[str | Path], plot_path: str | Path | None = None, cost: str = "wall_s",
-           baseline: str | None = None) -> tuple[str, Path]:
-    """Markdown table text (plus the paired table against `baseline`) and the written plot path
-    (default `<first dir>/report.png`)."""
+           baseline: str | None = None, draws: int = 1000) -> tuple[str, Path]:
+    """Markdown table text (plus the paired table against `baseline`, `draws` bootstrap resamples) and
+    the written plot path (default `<first dir>/report.png`)."""
     rows = collect(dirs)
     first = Path(dirs[0])
     out = Path(plot_path) if plot_path else (first.parent if first.is_file() else first) / "report.png"
     table = markdown_table(rows)
     if baseline:
-        table += "\n\n" + paired_table(rows, baseline)
+        table += "\n\n" + paired_table(rows, baseline, draws)
     buys = ensemble_table(rows)
     if buys:
         table += "\n\n" + buys
@@ -340,10 +340,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", default=None, metavar="FILE", help="also write the table to this file")
     parser.add_argument("--baseline", default=None, metavar="RUN",
                         help="add each run's paired difference to RUN (paired bootstrap 95%% CI, win/tie/loss)")
+    parser.add_argument("--draws", type=int, default=1000, metavar="N",
+                        help="paired bootstrap resamples of the --baseline table (default 1000)")
 
 
 def run(args: argparse.Namespace) -> int:
-    table, png = report(args.dirs, args.plot, args.cost, args.baseline)
+    if args.draws < 1:
+        raise ConfigError(f"--draws {args.draws}: use a positive number of resamples, e.g. 10000")
+    table, png = report(args.dirs, args.plot, args.cost, args.baseline, args.draws)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table + "\n", encoding="utf-8")
