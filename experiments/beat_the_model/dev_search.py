@@ -93,8 +93,11 @@ def candidates(pool: dict[str, dict]) -> list[tuple[str, list[str], list[int], V
         for k_pot in range(0, most["pot"] + 1):
             if k_cot + k_pot >= 2:
                 grid.append((["cot", "pot"][: 1 + (k_pot > 0)], [k_cot] + ([k_pot] if k_pot else [])))
-    out = []
+    out, seen = [], set()
     for views, counts in grid:
+        if (tuple(views), tuple(counts)) in seen:  # (cot+pot comes from both families)
+            continue
+        seen.add((tuple(views), tuple(counts)))
         for vote in ("majority", "weighted", "prove"):
             if vote == "prove" and not any(v.startswith("pot") for v in views):
                 continue
