@@ -79,7 +79,8 @@ def test_shipped_configs_are_valid() -> None:
         cfg = load_config(path)
         assert cfg.tasks and cfg.runs
     quick = load_config(REPO / "configs" / "quickstart.yaml")
-    assert {t.name for t in quick.tasks} == {"gsm8k", "nq_open", "wmt22_de_en"}
+    assert {t.name for t in quick.tasks} == {"gsm8k", "gsm8k_chat", "nq_open", "wmt22_de_en"}
+    assert quick.baseline == "1.5b-best-prompt"   # every run paired with the strongest model at its best
     assert any(r.method == "adafuse" and len(r.members) == 3 for r in quick.runs)
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(REPO / "configs" / "nope.yaml")

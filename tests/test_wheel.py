@@ -59,7 +59,8 @@ def test_shipped_configs_are_found_from_any_folder(tmp_path, monkeypatch):
     quick = REPO / "configs" / "quickstart.yaml"
     assert resolve_config_path("configs/quickstart.yaml") == quick
     assert resolve_config_path("quickstart") == quick == resolve_config_path("quickstart.yaml")
-    assert {t.name for t in load_config("configs/quickstart.yaml").tasks} == {"gsm8k", "nq_open", "wmt22_de_en"}
+    assert {t.name for t in load_config("configs/quickstart.yaml").tasks} == {"gsm8k", "gsm8k_chat", "nq_open",
+                                                                             "wmt22_de_en"}
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "quickstart.yaml").write_text("tasks: [gsm8k]\nmethod: single\nmembers: [mine]\n")
     assert load_config("configs/quickstart.yaml").runs[0].members == ["mine"]  # a file of the user's wins
