@@ -150,13 +150,14 @@ class DrafterSpec(NamedTuple):
     model: str | None
 
 
-_GRAMMAR = ("'none', 'lookup', a model (registry name, folder or hub id), 'NAME@fp16' / 'NAME@int8' (its "
-            "linear layers stored in float16 / int8) or 'hybrid:NAME' / 'hybrid:NAME@fp16' (lookup, else the model)")
+_GRAMMAR = ("'none', 'lookup', 'rows' (the other rows of the problem, in answer-level methods), a model "
+            "(registry name, folder or hub id), 'NAME@fp16' / 'NAME@int8' (its linear layers stored in float16 / "
+            "int8) or 'hybrid:NAME' / 'hybrid:NAME@fp16' (lookup, else the model)")
 
 
 def parse_drafter_spec(spec: Any) -> DrafterSpec:
     """The one reader of the drafter grammar: None / '' / 'none' -> ("none", None); 'lookup' ->
-    ("lookup", None); 'hybrid:NAME' -> ("hybrid", NAME); 'NAME@int8' -> ("model-int8", NAME) (also
+    ("lookup", None); 'rows' -> ("rows", None) (cross-row drafting, `specdec.cross_row`); 'hybrid:NAME' -> ("hybrid", NAME); 'NAME@int8' -> ("model-int8", NAME) (also
     '@fp16'); 'hybrid:NAME@int8' -> ("hybrid-int8", NAME); a model name, folder or hub id -> ("model", NAME);
     a `Member` -> ("member", None); a `Drafter` -> ("drafter", None). ConfigError otherwise."""
     if isinstance(spec, Drafter):
@@ -170,8 +171,8 @@ def parse_drafter_spec(spec: Any) -> DrafterSpec:
     text = spec.strip()
     if text in ("", "none"):
         return DrafterSpec("none", None)
-    if text == "lookup":
-        return DrafterSpec("lookup", None)
+    if text in ("lookup", "rows"):
+        return DrafterSpec(text, None)
     if os.path.exists(text):  # a model folder, whatever characters its path holds
         return DrafterSpec("model", text)
     hybrid = text.startswith("hybrid:")
@@ -205,7 +206,7 @@ Loader = Callable[..., Member]
 
 def make_drafter(spec: Any, load: Loader | None = None, *, dtype: str = "float32") -> Drafter | None:
     """A drafter from a spec (grammar: `parse_drafter_spec`): None for "none"; the gated prompt
-    lookup for "lookup"; a `ModelDrafter` for a model or a `Member`; a `HybridDrafter` for
+    lookup for "lookup"; a `specdec.cross_row.CrossRowDrafter` for "rows"; a `ModelDrafter` for a model or a `Member`; a `HybridDrafter` for
     "hybrid:NAME"; a `Drafter` as is. Model drafters follow their generator's `TreeShape.stop_below`.
 
     `load(name)` loads a model (the caller's runtime loader; default `runtime.loader.load`
@@ -222,6 +223,10 @@ def make_drafter(spec: Any, load: Loader | None = None, *, dtype: str = "float32
         return None
     if kind == "lookup":
         return PromptLookupDrafter(ngram_max=3, ngram_min=2, min_length=2)
+    if kind == "rows":
+        from specdec.cross_row import CrossRowDrafter
+
+        return CrossRowDrafter()
     if load is None:
         def load(model_name: str, **kw) -> Member:
             return load_model(model_name, **{"dtype": dtype, **kw})

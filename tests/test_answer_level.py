@@ -271,3 +271,52 @@ def test_program_views_answer_with_what_their_program_prints(member, one_thread,
     outs = run_method(get_method("view-vote"), [program_view, text_view], ["Natalia sold"], max_new_tokens=4,
                       answer=lambda t: "42" if t.strip() == "42" else "7", vote="majority")
     assert outs[0].trace.chosen == 0 and outs[0].program["stdout"] == "42\n"  # the chosen program's result
+
+
+# ---- speculative decoding inside the vote -------------------------------------------------------------
+def test_cross_row_lookup_finds_what_a_sibling_wrote_after_the_same_words():
+    from specdec.cross_row import SiblingBoard, continuations_in
+
+    board = SiblingBoard()
+    board.write(0, "a", [5, 6, 7, 8, 9])
+    board.write(0, "b", [1, 6, 7, 3])
+    board.write(1, "c", [6, 7, 4])                       # another problem: never read
+    assert board.siblings(0, "a") == [[1, 6, 7, 3]]
+    sibs = board.siblings(0, "z")
+    assert continuations_in(sibs, [2, 6, 7], 3, 2, depth=2, num=3) == [[3], [8, 9]]   # latest row first
+    assert continuations_in(sibs, [2, 2], 3, 2, depth=2, num=3) == []
+
+
+@pytest.mark.parametrize("drafter", ["rows", "lookup"])
+def test_a_vote_decoded_speculatively_writes_the_same_tokens(member, one_thread, drafter):
+    """Lossless: with a drafter (cross-row or prompt lookup) every answer of the vote, greedy and
+    sampled, is token for token the one plain decoding writes with the same generators."""
+    from specdec.drafters import make_drafter
+    from specdec.engine import SpeculativeGenerator
+
+    views = _views(member)
+    prompts = ["Question: 1 plus 5?", "Natalia sold clips", "The quick brown fox"]
+    kw = dict(max_new_tokens=10, seed=0, answer=lambda t: t[:1] or None, samples=[2, 2, 1], sampling_temperature=1.2)
+    plain = run_method(get_method("view-vote"), views, prompts, **kw)
+    specs = [SpeculativeGenerator(v, make_drafter(drafter)) for v in views]
+    fast = run_method(get_method("view-vote"), views, prompts, speculators=specs, **kw)
+    for p, f in zip(plain, fast):
+        assert [s.text for s in f.trace.samples] == [s.text for s in p.trace.samples]
+        assert [s.logprob for s in f.trace.samples] == pytest.approx([s.logprob for s in p.trace.samples], abs=1e-4)
+        assert f.trace.chosen == p.trace.chosen
+    # drafts were taken (the tiny model repeats itself, so lookups match): not a vacuous equality
+    from adafuse.methods.answer_draws import AnswerSlot, write_answers
+    from adafuse.methods.base import GenerationRequest
+    from specdec.cross_row import SiblingBoard
+
+    request = GenerationRequest.make(prompts, 24, seed=0)
+    slots = [AnswerSlot(0, 0), AnswerSlot(0, 1), AnswerSlot(1, 0)]
+    fast_rows = write_answers(views, request, slots, range(3), 1.2, 1.0, speculators=specs, board=SiblingBoard())
+    plain_rows = write_answers(views, request, slots, range(3), 1.2, 1.0)
+    assert {k: a.text for k, a in fast_rows.items()} == {k: a.text for k, a in plain_rows.items()}
+    assert sum(a.accepted for a in fast_rows.values()) > 0
+    sc_plain = run_method(get_method("self-consistency"), [member], prompts, max_new_tokens=10, seed=1, samples=3,
+                          sampling_temperature=1.2)
+    sc_fast = run_method(get_method("self-consistency"), [member], prompts, max_new_tokens=10, seed=1, samples=3,
+                         sampling_temperature=1.2, speculators=[SpeculativeGenerator(member, make_drafter(drafter))])
+    assert [[s.text for s in o.trace.samples] for o in sc_fast] == [[s.text for s in o.trace.samples] for o in sc_plain]

@@ -20,6 +20,10 @@
   record the answers drawn (`samples`) of those planned (`answers_planned`), and its cost is what its
   own draws cost.
 
+Both decode through a member's speculative generator where the ensemble has one (`drafters=[...]`:
+"lookup", a model, or "rows": each row drafts from what the other rows of its prompt have written,
+`specdec.cross_row`), losslessly: the same tokens as plain decoding with the same generators.
+
 The answer of an output is what the request's `answer` function extracts (the eval harness passes
 the task's filter, e.g. GSM8K's final number); without one, the whole text. The returned text is the
 chosen sample's own, so the task's filter finds the voted answer in it. Trace: `VoteTrace`.
@@ -37,6 +41,7 @@ from adafuse.voting import DECIDABLE_VOTES, VOTES, agreeing, confidences, normal
 from runtime.errors import ConfigError
 from runtime.member import Member
 from runtime.outputs import Cost, CostMeter, GenerationOutput
+from specdec.cross_row import SiblingBoard
 
 
 def _check_vote(vote: Any) -> None:
@@ -175,10 +180,11 @@ class SelfConsistency(Method):
             raise ConfigError(f"self-consistency samples at its option sampling_temperature="
                               f"{options.sampling_temperature}; the request asks for temperature={request.temperature}:"
                               f" set the option instead (or generate greedily)")
-        meter, member, B = CostMeter(members), members[0], len(request.prompts)
+        meter = CostMeter([*members, *(s.drafter_member for s in speculators if s is not None)])
+        member, B = members[0], len(request.prompts)
         slots = [AnswerSlot(0, j) for j in range(options.samples)]
         written = write_answers(members, request, slots, range(B), options.sampling_temperature, options.top_p,
-                                all_sampled=True)
+                                all_sampled=True, speculators=speculators, board=SiblingBoard())
         per_prompt = []
         for b in range(B):
             samples = [_sample(written[b, slot], f"{member.name}#{slot.sample}") for slot in slots]
@@ -201,10 +207,11 @@ class ViewVote(Method):
         batches = draw_batches(order, options.draw) if options.early_stop is not None else [order]
         drawn: list[list[VoteSample]] = [[] for _ in request.prompts]
         open_prompts, costs, took_part = list(range(len(request.prompts))), [], []
+        board = SiblingBoard()  # what every row of a prompt wrote: cross-row drafters read it
         for batch in batches:
-            meter = CostMeter(members)
+            meter = CostMeter([*members, *(s.drafter_member for s in speculators if s is not None)])
             written = write_answers(members, request, batch, open_prompts, options.sampling_temperature,
-                                    options.top_p)
+                                    options.top_p, speculators=speculators, board=board)
             costs.append(meter.cost())
             took_part.append(list(open_prompts))
             for b in open_prompts:
