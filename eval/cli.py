@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("eval.cli_eval", "run an evaluation config (tasks x methods) and write predictions/metrics"),
     "tune": ("eval.tune_cli", "choose members, weights and method settings per task on dev rows; write a tuned config"),
     "report": ("eval.report", "compare evaluation runs: markdown table and score-vs-cost plot"),
-    "rlid": ("eval.rlid_cli", "decision-plane models: train (RL), distill, evaluate and report (experiments/rlid/rlid_*.yaml)"),
+    "rlid": ("rlid.cli", "decision-plane models: train (RL), distill, evaluate and report (experiments/rlid/rlid_*.yaml)"),
 }
 
 

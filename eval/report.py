@@ -159,7 +159,7 @@ def _records(row: dict[str, Any]) -> list[dict[str, Any]]:
     path = Path(row["_path"]).parent / "predictions.jsonl"
     if not path.is_file():
         raise ConfigError(f"{path} is missing: paired comparisons need each run's predictions.jsonl")
-    from eval.predictions import parse_predictions
+    from runtime.predictions import parse_predictions
 
     return parse_predictions(path, ("id", "score"))[0]  # read only: a torn last line (a run in progress) is left out
 

@@ -30,7 +30,7 @@ from runtime.views import exemplars_needed
 from eval.config import EvalConfig, RunSpec, TaskSpec
 from eval.data import Doc, resolve_data_dir
 from eval.folder_lock import hold, hold_all
-from eval.predictions import PREDICTIONS, read_predictions
+from runtime.predictions import PREDICTIONS, read_predictions
 from eval.batch_fit import batch_parts, generate_in_parts
 from eval.methods import Generator, build_generator, release_models
 

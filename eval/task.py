@@ -19,7 +19,7 @@ from runtime.errors import ConfigError
 from runtime.prompts import FewShotPrompt
 from eval import metrics as M
 from eval.data import DATASETS, SPLITS, Doc, check_range
-from eval.schema import Field, validate
+from runtime.schema import Field, validate
 
 TASK_DIR = Path(__file__).resolve().parent / "tasks"
 

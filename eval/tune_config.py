@@ -38,7 +38,7 @@ from runtime.errors import ConfigError
 from eval import methods as eval_methods
 from eval.config import EvalConfig, _check_method, _member_names, parse_config, read_yaml
 from runtime.views import model_of
-from eval.schema import Field, validate
+from runtime.schema import Field, validate
 
 LEADS = ("best", "all")
 WEIGHTS = ("uniform", "dev")

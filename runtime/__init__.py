@@ -12,7 +12,9 @@ tokenizer, run with a KV cache over a batch of rows. It imports nothing from `sp
 - `open_tree`    bookkeeping of a token tree fed but not yet accepted;
 - `prefix_cache` prompt-prefix chunk KV shared across rows and calls;
 - `kv_cache`     a KV cache that grows in place;
-- `packed_linear`, `gqa_attention`  faster CPU kernels with the same outputs;
+- `packed_linear`, `gqa_attention`  faster CPU kernels with the same outputs (and a batch-invariant mode);
+- `sandbox`, `program_answers`  model-written programs run in a guarded process; a program view's answer;
+- `schema`, `config_files`, `predictions`  the YAML validator, config-file reading, predictions.jsonl reading;
 - `sampling`, `stopping`, `outputs`  warping and drawing tokens, stop strings, outputs and costs;
 - `text_state`   shared text <-> one member's ids and cache (cross-tokenizer bookkeeping);
 - `retokenize`   a growing text <-> ids under another tokenizer, touching only the changed tail

@@ -107,7 +107,7 @@ def rowwise_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     Hkv = key.shape[1]
     out = query.new_zeros(B, N, H, value.shape[-1])
     for rows, q_slots, k_slots, mask in plans[layout]:
-        G, nq, L = q_slots.shape[0], q_slots.shape[1], k_slots.shape[1]
+        G = q_slots.shape[0]
         if G == 1:  # (most rows: one copy of just its keys)
             b = rows[:1]
             q = query[b].index_select(2, q_slots[0])

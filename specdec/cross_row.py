@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from runtime.sampling import SamplingParams
 from specdec.config import DraftLimit, TreeShape
 from specdec.drafter_base import resolve_limit
-from specdec.drafters import PromptLookupDrafter
+from specdec.lookup import PromptLookupDrafter
 from specdec.tree import DraftTree, tree_from_sequences
 
 

@@ -72,7 +72,7 @@ def test_shipped_configs_are_valid() -> None:
     assert len(paths) > 60
     for path in paths:
         if path.name.startswith("rlid_"):              # RLiD experiment configs: their own schema
-            from eval.rlid_config import load_rlid
+            from rlid.config import load_rlid
 
             assert load_rlid(path).train_seeds
             continue

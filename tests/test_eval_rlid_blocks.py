@@ -1,4 +1,4 @@
-"""eval.rlid_eval.evaluate_in_blocks: held-out seeds rolled out in blocks, each episode written as its
+"""rlid.eval_blocks.evaluate_in_blocks: held-out seeds rolled out in blocks, each episode written as its
 block ends, resumed from the file; the summary equals the one-shot `EvalResult` + `live_moves` one."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from eval.rlid_eval import evaluate_in_blocks
+from rlid.eval_blocks import evaluate_in_blocks
 from rlid.envs.sokoban import SokobanEnv, SokobanOptions
 from rlid.evaluate import evaluate_policy, live_moves
 from rlid.types import OptionLaw
@@ -80,8 +80,8 @@ def test_episodes_of_another_policy_are_refused(tmp_path):
 
 
 def test_steps_to_success_and_mean_score_from_the_records(tmp_path):
-    from eval.rlid_eval import summarize_episodes
-    from eval.rlid_report import table
+    from rlid.eval_blocks import summarize_episodes
+    from rlid.report import table
 
     def rec(seed, success, reward, steps):
         return {"id": seed, "source": "p", "success": success, "reward": reward, "invalid": 0, "steps": steps,
@@ -100,7 +100,7 @@ def test_steps_to_success_and_mean_score_from_the_records(tmp_path):
 def test_learning_curves_split_gold_steps_from_rollout_steps(tmp_path):
     """`adafuse rlid report`'s plot: gold steps feed the imitation panel (their loss), rollout steps
     the success curve (running mean of 5); a run of gold steps only plots both panels, one empty."""
-    from eval.rlid_report import curves, plot
+    from rlid.report import curves, plot
 
     rows = [{"step": 1, "wall_s": 60, "gold": True, "loss": 3.0, "success_rate": None},
             {"step": 2, "wall_s": 120, "gold": True, "loss": 1.5, "success_rate": None},

@@ -145,7 +145,7 @@ def test_ensemble_eval_writes_as_it_goes_and_resumes(tmp_path, model_dir, capsys
     """The ensemble and each member alone run in blocks of eval.batch seeds, written as they go; after a
     kill (a torn line, no summary) a rerun rolls out only what is missing, reuses the dev choice, and
     reports what the uninterrupted run did (wall time aside)."""
-    from eval import rlid_cli
+    from rlid import cli as rlid_cli
 
     ensemble = {"members": [model_dir, model_dir], "threshold": 0.5,
                 "dev": {"seeds": {"start": 5000, "count": 2}, "candidates": [{"lead": 1, "threshold": 1.0}]}}
@@ -207,7 +207,7 @@ def test_bad_ensemble_settings_are_one_line_errors(tmp_path, model_dir, capsys, 
 
 
 def test_plane_settings_go_to_their_own_plane(tmp_path, model_dir, capsys):
-    from eval.rlid_config import load_rlid
+    from rlid.config import load_rlid
 
     train = {"seeds": {"start": 0, "count": 8}, "max_steps": 1, "decision": {"exact_last_move": True},
              "token": {"lr": 0.5}}
@@ -224,8 +224,8 @@ def test_plane_settings_go_to_their_own_plane(tmp_path, model_dir, capsys):
 def test_ensemble_member_from_another_runs_trained_plane(tmp_path, model_dir, capsys):
     """An `ensemble.adapters` entry naming another run's plane folder loads its newest checkpoint's
     adapter (here step 2 of 2); a folder without checkpoints or adapter weights is a one-line error."""
-    from eval.rlid_cli import _ensemble_adapter
-    from eval.rlid_config import load_rlid
+    from rlid.cli import _ensemble_adapter
+    from rlid.config import load_rlid
 
     other, other_out = write_config(tmp_path / "a", model_dir) if (tmp_path / "a").mkdir() is None else (None, None)
     assert main(["rlid", "train", other, "--plane", "decision", "--no_progress"]) == 0

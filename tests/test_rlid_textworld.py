@@ -16,7 +16,7 @@ import psutil
 import pytest
 from textworld_express import TextWorldExpressEnv
 
-from eval.rlid_config import parse_rlid
+from rlid.config import parse_rlid
 from runtime.errors import ConfigError
 from rlid.envs import make_env
 from rlid.envs.text_memory import compact_exit, compact_thing, held, room_facts
@@ -401,7 +401,7 @@ def test_gold_steps_imitate_the_gold_path_then_rl_takes_over(tmp_path, tiny_mode
     path.write_text(yaml.safe_dump(cfg))
     assert main(["rlid", "train", str(path), "--plane", plane, "--no_progress"]) == 0
     gold, rl = [json.loads(line) for line in (tmp_path / "run" / plane / "log.jsonl").read_text().splitlines()]
-    from eval.rlid_config import load_rlid
+    from rlid.config import load_rlid
     tc = load_rlid(path).train_config(plane)
     env = lambda: TWCEnv(TWCOptions(num_locations=1, num_items_to_put_away=1, max_steps=3, compiled_memory=True))  # noqa: E731
     assert gold["gold"] and gold["decisions"] == len(gold_moves(env, step_seeds(tc, 0), 2)) > 0
@@ -420,7 +420,7 @@ def test_rl_lr_sets_the_learning_rate_of_the_steps_after_the_gold_steps(tmp_path
     from safetensors.torch import load_file
 
     from eval.cli import main
-    from eval.rlid_config import parse_rlid
+    from rlid.config import parse_rlid
     cfg = {"output_path": str(tmp_path / "run"), "model": tiny_model_dir, "seed": 0, "token_max_new_tokens": 4,
            "env": {"name": "twc", "options": {"num_locations": 1, "num_items_to_put_away": 1, "max_steps": 3,
                                               "compiled_memory": True}, "memory_k": 2},

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from eval.rlid_cli import _decision_model, _member, _newest_adapter
-from eval.rlid_config import load_rlid
+from rlid.cli import _decision_model, _member, _newest_adapter
+from rlid.config import load_rlid
 from rlid.envs import make_env
 from rlid.evaluate import evaluate_policy, paired_difference
 

@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from eval.rlid_config import load_rlid
+from rlid.config import load_rlid
 from rlid.envs import make_env
 from rlid.envs.twc import PUT_MOVE
 

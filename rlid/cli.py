@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime.errors import ConfigError
-from eval.rlid_config import RlidConfig, load_rlid, seed_range
+from rlid.config import RlidConfig, load_rlid, seed_range
 
 VERBS = ("train", "eval", "distill", "report")
 PLANES = ("decision", "token")
@@ -186,10 +186,10 @@ def _ensemble_adapter(cfg: RlidConfig, entry: str | None) -> Path | None:
 
 def _ensemble_summary(cfg: RlidConfig, episodes: Path) -> dict[str, Any] | None:
     """The ensemble on the held-out seeds, then each member alone on the same seeds: each in blocks of
-    `eval.batch` seeds written as they go and resumed after a kill (`eval.rlid_eval`), so a member alone
+    `eval.batch` seeds written as they go and resumed after a kill (`rlid.eval_blocks`), so a member alone
     is batched as its own eval batches it and reports what that eval does. The dev choice is made once
     and kept beside the episodes (`ensemble.dev.json`); the gate's consultations are recorded per block."""
-    from eval.rlid_eval import evaluate_in_blocks
+    from rlid.eval_blocks import evaluate_in_blocks
     from rlid.evaluate import evaluate_policy
 
     e = cfg.ensemble
@@ -306,7 +306,7 @@ def _with_eval_seeds(cfg: RlidConfig, spec: str | None) -> tuple[RlidConfig, Pat
 
 def _blocked_summary(cfg: RlidConfig, which: str, episodes: Path) -> dict[str, Any] | None:
     """A single-model policy's summary, its episodes written to `episodes` block by block (resumed)."""
-    from eval.rlid_eval import evaluate_in_blocks
+    from rlid.eval_blocks import evaluate_in_blocks
 
     found = _rollout(cfg, which)
     if found is None:
@@ -319,8 +319,8 @@ def _blocked_summary(cfg: RlidConfig, which: str, episodes: Path) -> dict[str, A
 def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
     """Each wanted policy on the held-out seeds, skipping those with a summary (`--force` redoes them).
     Single-model policies run in blocks of `eval.batch` seeds, written as they go and resumed after a
-    kill (`eval.rlid_eval`); the ensemble and each of its members alone too (its dev choice made once)."""
-    from eval.rlid_report import print_table
+    kill (`rlid.eval_blocks`); the ensemble and each of its members alone too (its dev choice made once)."""
+    from rlid.report import print_table
     from runtime.files import write_json_atomic
 
     cfg, out = _with_eval_seeds(cfg, args.seeds)
@@ -348,7 +348,7 @@ def evaluate(cfg: RlidConfig, args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.verb == "report":
-        from eval.rlid_report import report
+        from rlid.report import report
 
         return report(Path(args.config))
     cfg = load_rlid(args.config)

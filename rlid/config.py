@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import ConfigError
-from eval.config import read_yaml
-from eval.schema import Field, validate
+from runtime.config_files import read_yaml
+from runtime.schema import Field, validate
 
 SEEDS = Field((dict,), fields={"start": Field((int,), required=True), "count": Field((int,), required=True)})
 PLANE_KEYS = ("decision", "token")  # train.<plane>: settings of one plane's run only

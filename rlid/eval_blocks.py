@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from eval.predictions import read_predictions
+from runtime.predictions import read_predictions
 from rlid.evaluate import EvalResult, LiveCounts, live_counts, wilson_interval
 from rlid.types import Environment, Episode
 from runtime.errors import ConfigError
